@@ -1,0 +1,39 @@
+"""The project's own invariants: the package matches the notebooks, notebooks are clean, README is current."""
+import json, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = sorted((ROOT / 'nbs').glob('*.ipynb'))
+
+
+def test_export_changes_nothing(tmp_path):
+    "Running nbdev-export on a copy of the project reproduces gradus/ exactly."
+    for name in ('nbs', 'gradus'): shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
+    exe = Path(sys.executable).with_name('nbdev-export')
+    subprocess.run([str(exe)], cwd=tmp_path, check=True, capture_output=True)
+    drift = [p.name for p in sorted((tmp_path / 'gradus').glob('*.py'))
+             if not (ROOT / 'gradus' / p.name).exists() or p.read_text() != (ROOT / 'gradus' / p.name).read_text()]
+    assert not drift, f"nbdev-export changes {drift}: edit the notebooks, export, commit both"
+
+
+@pytest.mark.parametrize('nb', NBS, ids=[p.name for p in NBS])
+def test_notebook_is_clean(nb):
+    "nbdev-clean would change nothing: no execution counts, no stray metadata."
+    from nbdev.clean import _nbdev_clean
+    from execnb.nbio import read_nb, nb2dict
+    d = json.loads(nb.read_text())
+    cleaned = read_nb(nb); _nbdev_clean(cleaned, path=nb)
+    cleaned = nb2dict(cleaned)
+    for c in d['cells']: assert c.get('execution_count') is None, f"{nb.name}: cell has an execution count; run nbdev-clean"
+    assert d['metadata'] == cleaned['metadata'], f"{nb.name}: notebook metadata not clean; run nbdev-clean"
+    assert [c.get('metadata') for c in d['cells']] == [c.get('metadata') for c in cleaned['cells']], \
+        f"{nb.name}: cell metadata not clean; run nbdev-clean"
+
+
+def test_readme_is_current():
+    "README.md is nbs/index.ipynb rendered to markdown (tools/readme.py); regenerate it after editing index."
+    from nbconvert import MarkdownExporter
+    body, _ = MarkdownExporter().from_filename(str(ROOT / 'nbs' / 'index.ipynb'))
+    assert (ROOT / 'README.md').read_text() == body, "README.md is stale: run `python tools/readme.py`"
