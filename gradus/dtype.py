@@ -7,11 +7,11 @@ __all__ = ['bool_', 'int32', 'int64', 'float16', 'bfloat16', 'float32', 'float64
            'default_int', 'DTypeError', 'canonical', 'is_float', 'finfo', 'promote_types', 'result_type', 'cast',
            'check_differentiable']
 
-# %% ../nbs/00_dtype.ipynb #6ea15fdf
+# %% ../nbs/00_dtype.ipynb #80bdaaff
 import numpy as np
 import ml_dtypes
 
-# %% ../nbs/00_dtype.ipynb #95078e30
+# %% ../nbs/00_dtype.ipynb #c4eaf35b
 class DTypeError(TypeError):
     "A dtype gradus refuses, or an operation that a dtype does not support (e.g. a gradient of an integer array)."
 
@@ -28,7 +28,7 @@ FLOATS = (float16, bfloat16, float32, float64)
 INTS = (int32, int64)
 default_float, default_int = float32, int64
 
-# %% ../nbs/00_dtype.ipynb #7a3c2da4
+# %% ../nbs/00_dtype.ipynb #837a65df
 def canonical(dtype) -> np.dtype:
     """Return `dtype` (anything `np.dtype` accepts, or `'bfloat16'`) as one of gradus's `DTYPES`.
 
@@ -47,7 +47,7 @@ def finfo(dtype):
     "Machine limits (`eps`, `max`, `tiny`, `bits`) of a float dtype; works for bfloat16 through `ml_dtypes.finfo`."
     return ml_dtypes.finfo(canonical(dtype))
 
-# %% ../nbs/00_dtype.ipynb #eabfb8bf
+# %% ../nbs/00_dtype.ipynb #a5007452
 _RANK = {bool_: 0, int32: 1, int64: 2, float16: 3, bfloat16: 3, float32: 4, float64: 5}
 
 def promote_types(a, b) -> np.dtype:
@@ -59,6 +59,7 @@ def promote_types(a, b) -> np.dtype:
 
 def _weak_kind(x):
     "The kind of a Python scalar: 0 bool, 1 int, 2 float; None for anything with a dtype."
+    if isinstance(x, np.generic): return None  # np.float64 subclasses float, but it has a dtype
     if isinstance(x, bool): return 0
     if isinstance(x, int): return 1
     if isinstance(x, float): return 2
@@ -82,7 +83,7 @@ def result_type(*args) -> np.dtype:
     if wk == 1 and d == bool_: return default_int
     return d
 
-# %% ../nbs/00_dtype.ipynb #6950784a
+# %% ../nbs/00_dtype.ipynb #a6df5400
 def cast(x, dtype) -> np.ndarray:
     """Cast array `x` to `dtype` (a copy only when the dtype changes).
 

@@ -10,7 +10,7 @@ __all__ = ['abs', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'no
            'take', 'getitem', 'concatenate', 'stack', 'check_rule', 'mean', 'var', 'logsumexp', 'softmax',
            'log_softmax', 'relu', 'sigmoid', 'softplus', 'gelu']
 
-# %% ../nbs/02_tensor.ipynb #fff6ba03
+# %% ../nbs/02_tensor.ipynb #fe507d74
 import math
 import numpy as np
 import scipy.special
@@ -19,13 +19,13 @@ from .dtype import DTypeError, result_type
 from .shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape, reshape_shape,
                           normalize_axis)
 
-# %% ../nbs/02_tensor.ipynb #85ace8b2
+# %% ../nbs/02_tensor.ipynb #ed2e2b72
 class Primitive:
     """One operation of the closed set: `impl(*arrays, **params)` computes it, `abstract(*avals, **params)` returns
     the `(shape, dtype)` of its result from inputs that have `.shape` and `.dtype`, and `vjp(ct, out, *ins, **params)`
     returns one cotangent per input (None where the input gets no gradient). `vjp=None` marks a primitive with no
-    gradient (comparisons). `code` is a format string over the inputs `{0}, {1}, ...` and params `{name}`; when
-    None, generated code calls `impl` by the primitive's name."""
+    gradient (comparisons). `code` is a format string over the inputs `{0}, {1}, ...` and params `{name}`, or a
+    function `(input_sources, params) -> source`; when None, generated code calls `impl` by the primitive's name."""
     def __init__(self, name, impl, abstract, vjp=None, code=None):
         self.name, self.impl, self.abstract, self.vjp, self.code = name, impl, abstract, vjp, code
     def __repr__(self): return self.name
@@ -36,7 +36,7 @@ class Primitive:
             if isinstance(a, Tracer): return _current_trace(a).process(self, args, params)
         return self.impl(*args, **params)
 
-# %% ../nbs/02_tensor.ipynb #d95115eb
+# %% ../nbs/02_tensor.ipynb #3af3f3ed
 class TracerError(RuntimeError):
     "A tracer used where a concrete value is needed (Python `if`, `float()`), or after its trace has ended."
 
@@ -99,7 +99,7 @@ class Tracer:
             raise TypeError(f"numpy's {ufunc.__name__}.{method} cannot trace; use the gradus.tensor op instead")
         return op(*inputs)
 
-# %% ../nbs/02_tensor.ipynb #a62873fd
+# %% ../nbs/02_tensor.ipynb #517acf91
 def _aval_unary(x, **_): return tuple(x.shape), x.dtype
 def _aval_binary(name):
     def rule(x, y, **_): return broadcast_shapes(x.shape, y.shape, op=name), x.dtype
@@ -167,8 +167,11 @@ def divide(x, y):
     if not D.is_float(x.dtype): x, y = _float_operand(x), _float_operand(y)
     return _divide_p.bind(x, y)
 def power(x, y):
-    "Elementwise `x ** y`. The gradient with respect to `y` is `out * log(x)`: finite only for `x > 0`."
-    return _power_p.bind(*_promote(x, y))
+    """Elementwise `x ** y`. The gradient with respect to `y` is `out * log(x)`: finite only for `x > 0`.
+    A constant exponent of exactly 1 returns `x` itself (the VJP of `x ** 2` would otherwise compute `x ** 1`)."""
+    x, y = _promote(x, y)
+    if not isinstance(y, Tracer) and y.ndim == 0 and y == 1 and np.shape(x) == np.broadcast_shapes(np.shape(x), ()): return x
+    return _power_p.bind(x, y)
 def maximum(x, y):
     "Elementwise maximum; at ties the gradient is split equally (0.5 each)."
     return _maximum_p.bind(*_promote(x, y))
@@ -176,7 +179,7 @@ def minimum(x, y):
     "Elementwise minimum; at ties the gradient is split equally (0.5 each)."
     return _minimum_p.bind(*_promote(x, y))
 
-# %% ../nbs/02_tensor.ipynb #16f6f7f9
+# %% ../nbs/02_tensor.ipynb #e2a0ad10
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 def _erf_impl(x): return scipy.special.erf(x).astype(x.dtype, copy=False)
@@ -225,7 +228,7 @@ def erf(x):
     "The error function `2/√π ∫₀ˣ exp(-t²) dt`, elementwise (scipy.special.erf)."
     return _erf_p.bind(_float_operand(x))
 
-# %% ../nbs/02_tensor.ipynb #7256afa1
+# %% ../nbs/02_tensor.ipynb #f94f2746
 def _compare(name, fn):
     p = Primitive(name, fn, _aval_compare(name), None, f'np.{fn.__name__}({{0}}, {{1}})')
     def op(x, y): return p.bind(*_promote(x, y))
@@ -253,7 +256,7 @@ def stop_gradient(x):
     "The identity in the forward pass; its gradient is zero (the value is treated as a constant)."
     return _stop_gradient_p.bind(_promote(x)[0])
 
-# %% ../nbs/02_tensor.ipynb #5348555f
+# %% ../nbs/02_tensor.ipynb #00ddee8e
 def _where_vjp(ct, out, c, x, y):
     zero = np.zeros((), ct.dtype)
     return None, _unbroadcast(where(c, ct, zero), x), _unbroadcast(where(c, zero, ct), y)
@@ -269,7 +272,7 @@ def where(cond, x, y):
     x, y = _promote(x, y)
     return _where_p.bind(cond, x, y)
 
-# %% ../nbs/02_tensor.ipynb #e78e1fc2
+# %% ../nbs/02_tensor.ipynb #3d1844cf
 def _matmul_aval(a, b): return matmul_shape(a.shape, b.shape), a.dtype
 
 def _matmul_vjp(ct, out, a, b):
@@ -285,13 +288,18 @@ def _matmul_vjp(ct, out, a, b):
         db = reshape(_unbroadcast(matmul(swapaxes(a2, -1, -2), ct2), b2), b.shape)
     return da, db
 
-_matmul_p = Primitive('matmul', np.matmul, _matmul_aval, _matmul_vjp, 'np.matmul({0}, {1})')
+def _matmul_impl(a, b):
+    "np.matmul, keeping the operands' dtype (ml_dtypes' bfloat16 matmul accumulates and returns float32)."
+    out = np.matmul(a, b)
+    return out if out.dtype == a.dtype else out.astype(a.dtype)
+
+_matmul_p = Primitive('matmul', _matmul_impl, _matmul_aval, _matmul_vjp)
 
 def matmul(a, b):
     "`a @ b` under numpy's rules (batched, broadcasting batch axes, 1-D vectors); `ShapeError` on mismatch."
     return _matmul_p.bind(*_promote(a, b))
 
-# %% ../nbs/02_tensor.ipynb #4fa0df65
+# %% ../nbs/02_tensor.ipynb #1adad1bb
 def _reduce_aval(x, axis, keepdims, int_ok=True):
     shape = tuple(1 if i in axis else n for i, n in enumerate(x.shape)) if keepdims else \
             tuple(n for i, n in enumerate(x.shape) if i not in axis)
@@ -329,7 +337,7 @@ def max(x, axis=None, keepdims=False):
     if any(x.shape[a] == 0 for a in axis): raise ShapeError(f"max: empty reduction over axis {axis} of shape {tuple(x.shape)}")
     return _max_p.bind(x, axis=axis, keepdims=bool(keepdims))
 
-# %% ../nbs/02_tensor.ipynb #6070a147
+# %% ../nbs/02_tensor.ipynb #5981ce1f
 _reshape_p = Primitive('reshape', lambda x, shape: np.reshape(x, shape), lambda x, shape: (shape, x.dtype),
                        lambda ct, out, x, shape: (reshape(ct, x.shape),), 'np.reshape({0}, {shape})')
 _transpose_p = Primitive('transpose', lambda x, axes: np.transpose(x, axes),
@@ -376,8 +384,19 @@ def cast(x, dtype):
     if not isinstance(x, Tracer): return D.cast(x, d)
     return x if x.dtype == d else _cast_p.bind(x, dtype=d)
 
-# %% ../nbs/02_tensor.ipynb #8d8b26f6
+# %% ../nbs/02_tensor.ipynb #73449cd5
 def _index_shape(shape, idx): return np.broadcast_to(np.empty((), bool), shape)[idx].shape
+
+def _index_src(idx):
+    "An index tuple as source: `(slice(1, 3), None, Ellipsis)` -> `1:3, None, ...`."
+    def one(k):
+        if k is None: return 'None'
+        if k is Ellipsis: return '...'
+        if isinstance(k, slice):
+            parts = ['' if v is None else str(v) for v in (k.start, k.stop, k.step)]
+            return ':'.join(parts if k.step is not None else parts[:2])
+        return repr(k)
+    return ', '.join(map(one, idx)) + (',' if len(idx) == 1 else '')
 
 def _index_put(ct, idx, shape):
     out = np.zeros(shape, ct.dtype)
@@ -390,7 +409,8 @@ def _scatter_add(upd, indices, axis, shape):
     return out
 
 _getitem_p = Primitive('getitem', lambda x, idx: x[idx], lambda x, idx: (_index_shape(x.shape, idx), x.dtype),
-                       lambda ct, out, x, idx: (_index_put_p.bind(ct, idx=idx, shape=tuple(x.shape)),), '{0}[{idx}]')
+                       lambda ct, out, x, idx: (_index_put_p.bind(ct, idx=idx, shape=tuple(x.shape)),),
+                       lambda args, params: f"{args[0]}[{_index_src(params['idx'])}]")
 _index_put_p = Primitive('index_put', _index_put, lambda ct, idx, shape: (shape, ct.dtype),
                          lambda ct, out, u, idx, shape: (getitem(ct, idx),))
 _take_p = Primitive('take', lambda x, i, axis: np.take(x, i, axis=axis),
@@ -430,7 +450,7 @@ def getitem(x, idx):
         return take(x, k, axis=arrays[0])
     raise TypeError(f"unsupported index {idx!r}: use basic indices or one integer array (take)")
 
-# %% ../nbs/02_tensor.ipynb #72b632ce
+# %% ../nbs/02_tensor.ipynb #ecfcb0c1
 def _concat_aval(*xs, axis):
     rest = [tuple(s for i, s in enumerate(x.shape) if i != axis) for x in xs]
     if any(r != rest[0] for r in rest):
@@ -461,7 +481,7 @@ def stack(xs, axis=0):
     ax = normalize_axis(axis, nd, 'stack')[0]
     return concatenate([reshape(x, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax:])) for x in xs], axis=ax)
 
-# %% ../nbs/02_tensor.ipynb #33e1e610
+# %% ../nbs/02_tensor.ipynb #807c3e5b
 _UFUNCS = dict(add=add, subtract=subtract, multiply=multiply, true_divide=divide, divide=divide, power=power,
                negative=negative, exp=exp, log=log, log1p=log1p, sin=sin, cos=cos, tanh=tanh, sqrt=sqrt,
                absolute=absolute, maximum=maximum, minimum=minimum, matmul=matmul, less=less,
@@ -474,7 +494,7 @@ PRIMITIVES = [_add_p, _subtract_p, _multiply_p, _divide_p, _power_p, _maximum_p,
               _where_p, _matmul_p, _sum_p, _max_p, _reshape_p, _transpose_p, _broadcast_to_p, _cast_p,
               _getitem_p, _index_put_p, _take_p, _scatter_add_p, _concatenate_p]
 
-# %% ../nbs/02_tensor.ipynb #8b7c1c02
+# %% ../nbs/02_tensor.ipynb #05a1580e
 def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
     """Dot-product test of `prim`'s VJP rule at float64 `args`: `⟨u, J v⟩` by central differences against
     `⟨Jᵀu, v⟩` from the rule, for random `u`, `v`. Returns the relative error; raises `AssertionError` above `rtol`."""
@@ -493,7 +513,7 @@ def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
         assert err < rtol, f"{prim} operand {i}: <u, Jv> = {lhs} but <J^T u, v> = {rhs} (rel err {err:.2e})"
     return err
 
-# %% ../nbs/02_tensor.ipynb #e35afc24
+# %% ../nbs/02_tensor.ipynb #225f8501
 def mean(x, axis=None, keepdims=False):
     "Arithmetic mean over `axis`."
     x = _reduction_operand(x, 'mean')

@@ -13,8 +13,9 @@ def test_export_changes_nothing(tmp_path):
     shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     exe = Path(sys.executable).with_name('nbdev-export')
     subprocess.run([str(exe)], cwd=tmp_path, check=True, capture_output=True)
-    drift = [p.name for p in sorted((tmp_path / 'gradus').glob('*.py'))
-             if not (ROOT / 'gradus' / p.name).exists() or p.read_text() != (ROOT / 'gradus' / p.name).read_text()]
+    made = {p.name: p.read_text() for p in (tmp_path / 'gradus').glob('*.py')}
+    have = {p.name: p.read_text() for p in (ROOT / 'gradus').glob('*.py')}
+    drift = sorted(n for n in made.keys() | have.keys() if made.get(n) != have.get(n))
     assert not drift, f"nbdev-export changes {drift}: edit the notebooks, export, commit both"
 
 

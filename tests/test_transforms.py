@@ -1,0 +1,174 @@
+"The transforms' contracts: caching, vjp/jvp consistency, aux and static arguments, tracer errors, jit, show_code."
+from typing import NamedTuple
+import numpy as np
+import pytest
+import gradus as gd
+from gradus import tensor as T
+from gradus import autograd as A
+from gradus.dtype import DTypeError
+from gradus.shape import ShapeError
+
+rng = np.random.default_rng(7)
+
+
+def random_function(seed):
+    "A random composition of differentiable ops from R^(3x4) x R^(4) to R^(3x2)."
+    g = np.random.default_rng(seed)
+    W = g.standard_normal((4, 2))
+    unary = [T.tanh, T.sin, T.sigmoid, lambda z: T.gelu(z), lambda z: z * z, T.softplus]
+    ops = [unary[i] for i in g.integers(0, len(unary), 3)]
+    def f(x, b):
+        h = ops[0](x + b)
+        h = ops[1](h) * T.exp(-0.1 * T.sum(x * x, axis=1, keepdims=True))
+        return ops[2](h @ W)
+    return f
+
+
+@pytest.mark.parametrize('seed', range(12))
+def test_jvp_vjp_dot_product(seed):
+    "<u, J v> == <J^T u, v> for random functions, random u and v; and J v against central differences."
+    f = random_function(seed)
+    x, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    vx, vb = rng.standard_normal(x.shape), rng.standard_normal(b.shape)
+    out, jv = gd.jvp(f, (x, b), (vx, vb))
+    np.testing.assert_allclose(out, f(x, b))
+    out2, f_vjp = gd.vjp(f, x, b)
+    u = rng.standard_normal(out.shape)
+    gx, gb = f_vjp(u)
+    assert np.isclose(np.sum(u * jv), np.sum(gx * vx) + np.sum(gb * vb), rtol=1e-10)
+    h = 1e-6
+    fd = (f(x + h * vx, b + h * vb) - f(x - h * vx, b - h * vb)) / (2 * h)
+    np.testing.assert_allclose(jv, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_cache_hits_and_misses():
+    calls = []
+    def f(w, x):
+        calls.append(1)
+        return T.sum(T.tanh(x @ w))
+    vg = gd.value_and_grad(f)
+    w, x = np.ones((3, 2), np.float32), np.ones((5, 3), np.float32)
+    vg(w, x); vg(w, x * 2); vg(w + 1, x)
+    assert len(calls) == 1 and len(vg.cache) == 1       # traced once, then cached
+    vg(w, np.ones((7, 3), np.float32))                 # new shape: new entry
+    vg(w.astype(np.float64), x.astype(np.float64))     # new dtype: new entry
+    assert len(calls) == 3 and len(vg.cache) == 3
+
+
+def test_cached_result_is_fresh_each_call():
+    "Gradients that are constants (zeros) must not be shared buffers between calls."
+    g = gd.grad(lambda w, v: T.sum(v * 2.0), argnums=(0, 1))
+    a = g(np.ones(3), np.ones(3))[0]
+    a += 5
+    assert g(np.ones(3), np.ones(3))[0].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_has_aux_and_argnums_tuple():
+    def f(a, b): return T.sum(a * b), {'prod': a * b}
+    (v, aux), (ga, gb) = gd.value_and_grad(f, argnums=(0, 1), has_aux=True)(np.full(2, 3.0), np.full(2, 4.0))
+    assert v == 24 and aux['prod'].tolist() == [12, 12] and ga.tolist() == [4, 4] and gb.tolist() == [3, 3]
+    grads, aux = gd.grad(f, has_aux=True)(np.full(2, 3.0), np.full(2, 4.0))
+    assert grads.tolist() == [4, 4]
+
+
+def test_static_argnums():
+    def f(x, n, training):
+        y = x.reshape(n, -1)
+        return T.sum(y * 2.0 if training else y)
+    g = gd.grad(f, static_argnums=(1, 2))
+    assert g(np.ones(6), 2, True).tolist() == [2.0] * 6
+    assert g(np.ones(6), 3, False).tolist() == [1.0] * 6
+
+
+def test_namedtuple_and_nested_params():
+    class P(NamedTuple):
+        w: np.ndarray
+        layers: list
+    p = P(np.ones(2), [{'a': np.ones(2)}, None])
+    g = gd.grad(lambda p: T.sum(p.w * p.layers[0]['a'] * 3.0))(p)
+    assert isinstance(g, P) and g.layers[1] is None and g.layers[0]['a'].tolist() == [3, 3]
+
+
+def test_python_control_flow_on_tracer_is_a_clear_error():
+    def f(x):
+        if T.sum(x) > 0: return T.sum(x)
+        return -T.sum(x)
+    with pytest.raises(T.TracerError, match='where'):
+        gd.grad(f)(np.ones(3))
+
+
+def test_leaked_tracer_is_a_clear_error():
+    leaked = []
+    gd.grad(lambda x: (leaked.append(x), T.sum(x))[1])(np.ones(2))
+    with pytest.raises(T.TracerError, match='leaked'):
+        T.exp(leaked[0])
+
+
+def test_vjp_checks_cotangent():
+    out, f_vjp = gd.vjp(lambda x: x * 2.0, np.ones(3))
+    with pytest.raises(ShapeError): f_vjp(np.ones(4))
+    with pytest.raises(DTypeError): f_vjp(np.ones(3, np.float32))
+    assert f_vjp(np.ones(3))[0].tolist() == [2, 2, 2]
+
+
+def test_vjp_does_not_rerun_forward():
+    calls = []
+    def f(x):
+        calls.append(1)
+        return T.exp(x)
+    out, f_vjp = gd.vjp(f, np.zeros(2))
+    f_vjp(np.ones(2)); f_vjp(np.ones(2))
+    assert len(calls) == 1
+
+
+def test_closure_over_outer_tracer():
+    "grad of a function whose inner grad closes over the outer variable: d/dx [d/dy (x*y^2)] at y=3 = 2y = 6."
+    def outer(x):
+        inner = gd.grad(lambda y: x * y * y)
+        return inner(np.array(3.0))
+    assert gd.grad(outer)(np.array(2.0)) == pytest.approx(6.0)
+
+
+def test_jit_matches_eager_and_caches():
+    f = lambda p, x: T.softmax(T.tanh(x @ p['w']), axis=-1)
+    p, x = {'w': rng.standard_normal((3, 4))}, rng.standard_normal((5, 3))
+    jf = gd.jit(f)
+    np.testing.assert_allclose(jf(p, x), f(p, x), rtol=1e-12)
+    jf(p, x)
+    assert len(jf.cache) == 1
+
+
+def test_show_code_is_what_runs():
+    g = gd.grad(lambda x: T.sum(T.exp(x)))
+    src = gd.show_code(g, np.ones(3))
+    assert src.startswith('def value_and_grad(') and 'np.exp' in src
+    entry, _ = g.lower(np.ones(3))
+    assert entry.compiled.source == src
+    plain = gd.show_code(lambda x: T.exp(x), np.ones(3))
+    assert 'def vjp_fwd' in plain and 'def vjp_bwd' in plain
+
+
+def test_dead_code_is_eliminated():
+    "The gradient with respect to a constant exponent (out * log(x)) is never computed."
+    src = gd.show_code(gd.grad(lambda x: T.sum(x ** 3.0)), -np.ones(3))
+    assert 'np.log' not in src
+
+
+def test_trace_prints_like_a_jaxpr():
+    g = gd.trace(lambda x, w: T.tanh(x @ w), np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+    text = repr(g)
+    assert 'a:f32[2,3]' in text and 'matmul a b' in text and 'tanh' in text
+
+
+def test_custom_vjp_runs_user_backward():
+    seen = []
+    @gd.custom_vjp
+    def clip_grad(x): return x
+    def fwd(x): return x, None
+    def bwd(res, ct):
+        seen.append(1)
+        return (T.minimum(T.maximum(ct, -1.0), 1.0),)
+    clip_grad.defvjp(fwd, bwd)
+    g = gd.grad(lambda x: T.sum(clip_grad(x) * 5.0))(np.ones(3))
+    assert g.tolist() == [1.0, 1.0, 1.0] and seen
+    assert clip_grad(np.ones(2)).tolist() == [1.0, 1.0]
