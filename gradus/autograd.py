@@ -7,7 +7,7 @@ __all__ = ['TreeDef', 'tree_flatten', 'tree_unflatten', 'tree_leaves', 'tree_map
            'Lit', 'Eqn', 'Graph', 'Trace', 'trace', 'dce', 'Compiled', 'compile_graph', 'eval_graph', 'value_and_grad',
            'grad', 'jit', 'partial_eval', 'vjp', 'jvp', 'custom_vjp', 'GradCheckError', 'check_grads', 'show_code']
 
-# %% ../nbs/03_autograd.ipynb #040b4c31
+# %% ../nbs/03_autograd.ipynb #75788581
 import inspect, keyword, math
 from typing import NamedTuple
 import numpy as np
@@ -17,7 +17,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, TracerError, Primitive
 
-# %% ../nbs/03_autograd.ipynb #8419fa53
+# %% ../nbs/03_autograd.ipynb #cf40d256
 class TreeDef(NamedTuple):
     "A pytree's structure: `kind` ('leaf', 'none', 'tuple', 'list', 'dict', 'namedtuple'), `meta` (dict keys or the NamedTuple class), `children`."
     kind: str
@@ -38,6 +38,7 @@ _LEAF, _NONE = TreeDef('leaf', None, ()), TreeDef('none', None, ())
 def _is_namedtuple(x): return isinstance(x, tuple) and hasattr(type(x), '_fields')
 
 def _flatten(x, leaves):
+    if type(x) is np.ndarray: leaves.append(x); return _LEAF
     if x is None: return _NONE
     if isinstance(x, dict):
         keys = tuple(sorted(x))
@@ -54,6 +55,7 @@ def tree_flatten(tree):
     return leaves, _flatten(tree, leaves)
 
 def _unflatten(td, it):
+    if td is _LEAF: return next(it)
     k = td.kind
     if k == 'leaf': return next(it)
     if k == 'none': return None
@@ -91,7 +93,7 @@ def keystr(path):
     "A path as dotted text, e.g. `('blocks', 0, 'attn', 'wq')` -> `'blocks.0.attn.wq'`."
     return '.'.join(map(str, path))
 
-# %% ../nbs/03_autograd.ipynb #120c0e90
+# %% ../nbs/03_autograd.ipynb #cae12dc6
 _SHORT = {'float64': 'f64', 'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16', 'int32': 'i32', 'int64': 'i64', 'bool': 'bool'}
 def _aval_str(shape, dtype): return f"{_SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
 
@@ -150,7 +152,7 @@ class Graph:
         lines.append('  in (' + ', '.join(map(a, self.outs)) + ') }')
         return '\n'.join(lines)
 
-# %% ../nbs/03_autograd.ipynb #cc34864e
+# %% ../nbs/03_autograd.ipynb #19e7bd9d
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
     _counter = 0
@@ -208,7 +210,7 @@ def _trace_flat(f, in_td, avals, extra=None):
         outs = list(out_leaves) + (list(extra(t, ins, out_leaves)) if extra else [])
         return t.graph(outs), out_td, len(out_leaves), [x for x, _ in t.captures.values()]
 
-# %% ../nbs/03_autograd.ipynb #109887ec
+# %% ../nbs/03_autograd.ipynb #494f4f13
 def _backward(t, ins, diff, outs, cts):
     """Append to trace `t` the backward equations of everything recorded so far. `ins`: input tracers, `diff`: which
     get gradients, `outs`: output leaves, `cts`: their cotangents. Returns one gradient per differentiated input."""
@@ -230,7 +232,7 @@ def _backward(t, ins, diff, outs, cts):
             if c is not None and isinstance(v, Var) and v.n in active: accumulate(v, c)
     return [ct.get(x.var.n, np.zeros(x.shape, x.dtype)) if d else None for x, d in zip(ins, diff)]
 
-# %% ../nbs/03_autograd.ipynb #1b987a82
+# %% ../nbs/03_autograd.ipynb #d8028040
 def dce(g):
     "The graph `g` without equations whose outputs no output depends on."
     live = {o.n for o in g.outs if isinstance(o, Var)}
@@ -240,7 +242,7 @@ def dce(g):
             kept.append(e); live.update(v.n for v in e.ins if isinstance(v, Var))
     return Graph(g.ins, kept[::-1], g.outs)
 
-# %% ../nbs/03_autograd.ipynb #8f342cc5
+# %% ../nbs/03_autograd.ipynb #a5a44cf9
 def _scalar_src(v):
     t = 'bool' if v.dtype == D.bool_ else v.dtype.name
     if v.dtype == D.bool_: return repr(bool(v))
@@ -300,7 +302,7 @@ def eval_graph(g, args):
     for e in g.eqns: env[e.out.n] = e.prim.bind(*map(read, e.ins), **e.params)
     return [read(o) for o in g.outs]
 
-# %% ../nbs/03_autograd.ipynb #a135bd30
+# %% ../nbs/03_autograd.ipynb #838ef165
 class _Entry:
     "One signature's graph, its compiled function (None when it captures outer tracers), and how to shape its outputs."
     def __init__(self, graph, post, captured, name):
@@ -308,7 +310,7 @@ class _Entry:
         self.compiled = None if captured else compile_graph(graph, name)
     source = property(lambda self: self.compiled.source if self.compiled else repr(self.graph))
     def __call__(self, leaves):
-        if self.captured or any(isinstance(x, Tracer) for x in leaves):
+        if self.captured or not all(type(x) is np.ndarray for x in leaves):  # tracers: replay on the outer trace
             return self.post(eval_graph(self.graph, list(leaves) + self.captured))
         return self.post(self.compiled.fn(*leaves))
 
@@ -323,10 +325,12 @@ class _Transformed:
     def __repr__(self): return f"<gradus {self.__name__}, {len(self.cache)} cached signature(s)>"
 
     def _split(self, args):
-        dyn = tuple(a for i, a in enumerate(args) if i not in self.static)
-        stat = tuple((i, args[i]) for i in self.static if i < len(args))
-        leaves, td = tree_flatten(dyn)
-        return [_as_leaf(x) for x in leaves], td, stat
+        if self.static:
+            stat = tuple((i, args[i]) for i in self.static if i < len(args))
+            args = tuple(a for i, a in enumerate(args) if i not in self.static)
+        else: stat = ()
+        leaves, td = tree_flatten(args)
+        return [x if type(x) is np.ndarray else _as_leaf(x) for x in leaves], td, stat
 
     def _with_static(self, stat):
         "`f` as a function of its dynamic arguments only, static ones put back in place."
@@ -340,7 +344,7 @@ class _Transformed:
     def lower(self, *args):
         "`(entry, leaves)`: the compiled entry for the signature of `args`, built on a cache miss."
         leaves, td, stat = self._split(args)
-        key = (td, tuple((tuple(np.shape(x)), x.dtype) for x in leaves), stat)
+        key = (td, tuple([(x.shape, x.dtype) for x in leaves]), stat)
         entry = self.cache.get(key)
         if entry is None:
             graph, post, captured = self.build(self._with_static(stat), td, _avals(leaves), self.f)
@@ -373,7 +377,7 @@ def _diff_mask(td, avals, argnums, f):
         raise ValueError(f"argnums {argnums} out of range for {len(td.children)} arguments of {_fname(f)}")
     return diff
 
-# %% ../nbs/03_autograd.ipynb #7128a9ee
+# %% ../nbs/03_autograd.ipynb #d52ae6a7
 def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns `(value, aux)`
     and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple of them when `argnums` is a
@@ -413,7 +417,7 @@ def grad(f, argnums=0, has_aux=False, static_argnums=()):
     g.lower, g.__wrapped__, g.__name__ = vg.lower, f, f"grad({_fname(f)})"
     return g
 
-# %% ../nbs/03_autograd.ipynb #fb36d3b9
+# %% ../nbs/03_autograd.ipynb #418356d3
 def jit(f, static_argnums=()):
     "Compile `f` (a function of pytrees of arrays) once per argument signature; returns the same pytree `f` returns."
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -422,7 +426,7 @@ def jit(f, static_argnums=()):
         return dce(graph), lambda outs: tree_unflatten(out_td, outs), captured
     return _Transformed(f, 'jit', build, static)
 
-# %% ../nbs/03_autograd.ipynb #fca259b7
+# %% ../nbs/03_autograd.ipynb #4938beb1
 def partial_eval(g, known_ins):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into `(fwd, bwd)`:
     `fwd` maps the known inputs to the known outputs plus the residuals; `bwd` maps residuals + unknown inputs to
@@ -500,7 +504,7 @@ def vjp(f, *primals):
         if not entry.captured: cache[key] = entry
     return entry(leaves)
 
-# %% ../nbs/03_autograd.ipynb #155fe296
+# %% ../nbs/03_autograd.ipynb #0f800d29
 _JVP_CACHE = weakref.WeakKeyDictionary()
 
 def _double_vjp(f):
@@ -521,7 +525,7 @@ def jvp(f, primals, tangents):
     except TypeError: tf = jit(_double_vjp(f))
     return tf(tuple(primals), tuple(tangents))
 
-# %% ../nbs/03_autograd.ipynb #a4ca54b4
+# %% ../nbs/03_autograd.ipynb #14ec4f23
 def _custom_call_vjp(ct, out, *ins, n_args, args_tree, res_tree, bwd):
     res = tree_unflatten(res_tree, ins[n_args:-1])
     cts = bwd(res, ct)
@@ -546,7 +550,7 @@ class custom_vjp:
         return _custom_vjp_call_p.bind(*leaves, *res_leaves, out, n_args=len(leaves), args_tree=args_tree,
                                        res_tree=res_tree, bwd=self.bwd)
 
-# %% ../nbs/03_autograd.ipynb #1eed473e
+# %% ../nbs/03_autograd.ipynb #b8b8aebe
 class GradCheckError(AssertionError):
     "A generated derivative that disagrees with finite differences; the message names the worst element."
 
@@ -600,7 +604,7 @@ def _replace_leaf(args, i, path, value):
         return type(node)(*items) if _is_namedtuple(node) else type(node)(items)
     return args[:i] + (rep(args[i], path),) + args[i + 1:]
 
-# %% ../nbs/03_autograd.ipynb #f899771d
+# %% ../nbs/03_autograd.ipynb #a334030a
 def show_code(f, *args):
     "The generated source that computes `f` (a transformed function, or a plain one: its vjp halves) at `args`."
     if hasattr(f, 'lower'): return f.lower(*args)[0].source
