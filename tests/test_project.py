@@ -1,5 +1,5 @@
 """The project's own invariants: the package matches the notebooks, notebooks are clean, README is current."""
-import json, shutil, subprocess, sys
+import difflib, json, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -21,16 +21,17 @@ def test_export_changes_nothing(tmp_path):
 
 @pytest.mark.parametrize('nb', NBS, ids=[p.name for p in NBS])
 def test_notebook_is_clean(nb):
-    "nbdev-clean would change nothing: no execution counts, no stray metadata."
+    "nbdev-clean would change nothing: no execution counts, no stray metadata, no output ids."
     from nbdev.clean import _nbdev_clean
-    from execnb.nbio import read_nb, nb2dict
-    d = json.loads(nb.read_text())
-    cleaned = read_nb(nb); _nbdev_clean(cleaned, path=nb)
+    from fastcore.nbio import read_nb, nb2dict
+    stored = json.loads(nb.read_text())
+    cleaned = read_nb(nb)
+    _nbdev_clean(cleaned, path=nb)
     cleaned = nb2dict(cleaned)
-    for c in d['cells']: assert c.get('execution_count') is None, f"{nb.name}: cell has an execution count; run nbdev-clean"
-    assert d['metadata'] == cleaned['metadata'], f"{nb.name}: notebook metadata not clean; run nbdev-clean"
-    assert [c.get('metadata') for c in d['cells']] == [c.get('metadata') for c in cleaned['cells']], \
-        f"{nb.name}: cell metadata not clean; run nbdev-clean"
+    for c in cleaned['cells']: c.pop('idx_', None)
+    dump = lambda d: json.dumps(d, sort_keys=True, indent=1).splitlines()
+    diff = [l for l in difflib.unified_diff(dump(stored), dump(cleaned), lineterm='')][:12]
+    assert not diff, f"{nb.name} is not clean; run nbdev-clean:\n" + '\n'.join(diff)
 
 
 def test_readme_is_current():
