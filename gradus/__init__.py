@@ -18,7 +18,7 @@ __version__ = "0.0.1"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/index.ipynb #9435169a
+# %% ../nbs/index.ipynb #722fc54e
 from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import TracerError
