@@ -1,0 +1,124 @@
+"Tokenizer: char tokenizer, and SmolLM2's byte-level BPE against the Hugging Face `tokenizers` package."
+import os
+from pathlib import Path
+import numpy as np, pytest
+from gradus import storage, tokenizer
+from gradus.tokenizer import CharTokenizer, TokenizerError
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get('GRADUS_DATA', ROOT.parent / 'shared' / 'data'))
+
+@pytest.fixture(scope='module')
+def shakespeare():
+    p = DATA / 'tinyshakespeare.txt'
+    if not p.exists(): pytest.skip(f"Tiny Shakespeare not found at {p} (set GRADUS_DATA)")
+    return p.read_text(encoding='utf-8')
+
+@pytest.fixture(scope='module')
+def tok():
+    try: path = storage.smollm2_path()
+    except FileNotFoundError as e: pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
+    return tokenizer.from_gguf(storage.open_gguf(path))
+
+@pytest.fixture(scope='module')
+def hf(tok):
+    from tokenizers import Tokenizer, models, pre_tokenizers, AddedToken
+    merges = [tuple(m.split(' ')) for m in storage.open_gguf(storage.smollm2_path()).metadata['tokenizer.ggml.merges']]
+    t = Tokenizer(models.BPE({s: i for i, s in enumerate(tok.tokens)}, merges))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok._special])
+    return t
+
+FRAGMENTS = ["café", "naïve", "Ångström", "façade", "über", "jalapeño", "日本語のテキスト", "東京", "中文分词", "한국어", "Привет, мир",
+             "Ελληνικά", "مرحبا", "שלום", "हिन्दी", "🙂", "👩‍👩‍👧", "🇫🇷", "🎉🎉", "3.14159", "1,000,000", "2024-01-31", "42", "007",
+             "½", "x²", "Ⅻ", "٣٤", "don't", "I'll", "WE'RE", "'s", "they've", "def f(x):\n    return x**2", "    ", "\t\t",
+             "\n\n", "\r\n", " \u00a0 ", "\u3000", "...", "?!", "—", "«quote»", "<b>bold</b>", "a_b-c", "@user", "#tag",
+             "$9.99", "100%", "e=mc^2", "C++", "NaN", "ÀÉÎÕÜ", "ß", "ﬁ", "\u200b", "tab\there", "  leading", "trailing  "]
+
+def varied_lines(n, seed=0):
+    rng = np.random.default_rng(seed)
+    seps = [' ', '', '  ', '\n', '\t', ', ', ' - ']
+    return [''.join(FRAGMENTS[rng.integers(len(FRAGMENTS))] + seps[rng.integers(len(seps))]
+                    for _ in range(rng.integers(1, 12))) for _ in range(n)]
+
+# ---------- char tokenizer ----------
+def test_char_tokenizer_roundtrip_shakespeare(shakespeare):
+    ct = CharTokenizer.from_text(shakespeare)
+    assert ct.vocab_size == len(set(shakespeare)) == 65
+    ids = ct.encode(shakespeare)
+    assert ct.decode(ids) == shakespeare and max(ids) < 65 and min(ids) == 0
+
+def test_char_tokenizer_errors():
+    ct = CharTokenizer.from_text('abc')
+    assert ct.encode('cab') == [2, 0, 1]
+    with pytest.raises(TokenizerError, match=r"'z'.*position 2"): ct.encode('abz')
+    with pytest.raises(TokenizerError, match='id 3'): ct.decode([0, 3])
+    with pytest.raises(TokenizerError, match='id -1'): ct.decode([-1])
+
+# ---------- BPE against the tokenizers package ----------
+def test_special_ids(tok):
+    assert (tok.bos_id, tok.eos_id) == (1, 2) and tok.eog_ids == {0, 2}
+    assert tok.tokens[1] == '<|im_start|>' and tok.vocab_size == 49152
+
+def test_ids_equal_tokenizers_package(tok, hf, shakespeare):
+    lines = [l for l in shakespeare.splitlines() if l.strip()][:1500] + varied_lines(1500)
+    assert len(lines) >= 2000
+    bad = [l for l in lines if tok.encode(l) != hf.encode(l, add_special_tokens=False).ids]
+    assert not bad, f"{len(bad)} lines differ, e.g. {bad[:3]!r}"
+    block = '\n'.join(lines[1400:1700])
+    assert tok.encode(block) == hf.encode(block, add_special_tokens=False).ids
+
+def test_parse_special(tok, hf):
+    text = "<|im_start|>user\nHello 2 you<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text, parse_special=True)
+    assert ids == hf.encode(text, add_special_tokens=False).ids and ids[0] == 1 and 2 in ids
+    plain = tok.encode(text)
+    assert 1 not in plain and 2 not in plain and tok.decode(plain) == text
+    assert tok.encode('hi', add_bos=True)[0] == 1
+
+def test_roundtrip_identity(tok, shakespeare):
+    assert tok.decode(tok.encode(shakespeare)) == shakespeare
+    for line in varied_lines(300, seed=1) + ["   \n\n\t  x", "1234567890" * 5, "🙂" * 7, ""]:
+        assert tok.decode(tok.encode(line)) == line
+
+def test_streaming_decode_holds_back_partial_utf8(tok):
+    for line in varied_lines(200, seed=2):
+        ids = tok.encode(line)
+        s = tok.stream()
+        parts = [s.push(i) for i in ids] + [s.flush()]
+        assert ''.join(parts) == line and not any('\ufffd' in p for p in parts)
+    emoji = tok.encode('🙂')
+    assert len(emoji) > 1 or len(tok.token_bytes(emoji[0])) == 4
+    s = tok.stream()
+    raw = b''.join(tok.token_bytes(i) for i in tok.encode('👩‍👩‍👧'))
+    outs = [s.push(i) for i in tok.encode('👩‍👩‍👧')]
+    assert ''.join(outs) == '👩‍👩‍👧' and len(raw) == 18
+
+def test_decode_errors(tok):
+    with pytest.raises(TokenizerError, match='49152'): tok.decode([49152])
+    assert tok.decode(tok.encode('é')[:1] if len(tok.encode('é')) > 1 else [tok.vocab['Ã']]) == '\ufffd'
+
+def test_chat_template(tok):
+    out = tok.apply_chat_template([{'role': 'user', 'content': 'Hi'}])
+    assert out == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                   "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    out = tok.apply_chat_template([{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}],
+                                  add_generation_prompt=False)
+    assert out == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+def test_chat_template_sandbox_and_errors():
+    t = tokenizer.BPETokenizer([chr(c) for c in range(256)], [], chat_template="{{ raise_exception('no') }}")
+    with pytest.raises(TokenizerError, match='no'): t.apply_chat_template([])
+    t.chat_template = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(TokenizerError): t.apply_chat_template([])
+    with pytest.raises(TokenizerError, match='no chat template'):
+        tokenizer.BPETokenizer([chr(c) for c in range(256)], []).apply_chat_template([])
+
+def test_unsupported_models_refused():
+    class G: metadata = {'tokenizer.ggml.model': 'llama'}
+    with pytest.raises(TokenizerError, match="'llama'"): tokenizer.from_gguf(G())
+    class H: metadata = {'tokenizer.ggml.model': 'gpt2', 'tokenizer.ggml.tokens': ['a'], 'tokenizer.ggml.merges': [],
+                         'tokenizer.ggml.pre': 'mystery'}
+    with pytest.raises(TokenizerError, match="'mystery'"): tokenizer.from_gguf(H())
+    with pytest.raises(TokenizerError, match='merge #0'): tokenizer.BPETokenizer(['a'], ['abc'])
