@@ -1,29 +1,42 @@
-"""Fit y = 2*x0 - x1 + 0.5 by gradient descent through gradus.grad and print the learned values.
+"""Fit y = 2*x0 - x1 + 0.5 with SGD on minibatches of 8, print the loss of each epoch and the learned values.
 
 Run: python exempla/regression/regression.py
 """
 import numpy as np
 import gradus as gd
-from gradus import tensor as T
+from gradus import loss, nn, optim, train
 
 
-def loss(params, x, y):
-    "Mean squared error of the linear model x @ w + b; x: (n, 2) float32, y: (n,) float32."
-    return T.mean((x @ params['w'] + params['b'] - y) ** 2)
+def model(params, x):
+    "The linear model `x @ w + b`: x (n, 2) float32 -> (n, 1) float32."
+    return nn.linear(params, x)
 
 
-def main(steps=200, lr=0.1, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((256, 2)).astype(np.float32)
-    y = (2 * x[:, 0] - x[:, 1] + 0.5).astype(np.float32)
-    params = {'w': np.zeros(2, np.float32), 'b': np.zeros((), np.float32)}
-    value_and_grad = gd.value_and_grad(loss)
-    for step in range(steps + 1):
-        value, grads = value_and_grad(params, x, y)
-        if step % 50 == 0: print(f"step {step:3d}  loss {float(value):.6f}")
-        params = gd.tree_map(lambda p, g: p - lr * g, params, grads)
-    w0, w1 = params['w']
-    print(f"learned: w0={w0:.3f} w1={w1:.3f} b={float(params['b']):.3f}  (true: w0=2.000 w1=-1.000 b=0.500)")
+def objective(params, x, y):
+    "Mean squared error of the model on a batch; y (n, 1) float32."
+    return loss.mse(model(params, x), y)
+
+
+def main(epochs=10, batch_size=8, lr=0.05, seed=0, verbose=True):
+    k_data, k_init, k_shuffle = train.split(train.key(seed), 3)
+    x = train.rng(k_data).standard_normal((256, 2)).astype(np.float32)
+    y = (2 * x[:, :1] - x[:, 1:] + 0.5).astype(np.float32)          # (256, 1): the shape the model outputs
+    params = nn.linear_init(k_init, 2, 1)
+    opt = optim.sgd(lr)
+    state = opt.init(params)
+    value_and_grad = gd.value_and_grad(objective)
+    for epoch in range(epochs):
+        losses = []
+        for xb, yb in train.batches(train.fold_in(k_shuffle, epoch), (x, y), batch_size):
+            value, grads = value_and_grad(params, xb, yb)
+            params, state = opt.update(grads, state, params)
+            losses.append(float(value))
+        if verbose: print(f"epoch {epoch + 1:2d}  mean batch loss {np.mean(losses):.3e}")
+    (w0,), (w1,) = params['w']
+    b = params['b'][0]
+    if verbose:
+        print(f"learned: w0={w0:.3f} w1={w1:.3f} b={b:.3f}  (true: w0=2.000 w1=-1.000 b=0.500)  "
+              f"after {int(state['step'])} SGD steps of batch {batch_size}")
     return params
 
 

@@ -1,0 +1,182 @@
+"Batching, metrics, the training loop (convergence, shapes kept, NaN refused) and checkpoints (atomic, resumable bit for bit)."
+import math, os
+import numpy as np
+import pytest
+import gradus as gd
+from gradus import loss, nn, optim, train
+from gradus import tensor as T
+from gradus.dtype import DTypeError
+from gradus.shape import ShapeError
+
+
+def test_batches_cover_each_row_once():
+    x, y = np.arange(23.0)[:, None], np.arange(23)
+    seen = [b for b in train.batches(train.key(0), (x, y), 5)]
+    assert [len(b[1]) for b in seen] == [5, 5, 5, 5, 3]
+    rows = np.concatenate([b[1] for b in seen])
+    assert sorted(rows) == list(range(23)) and list(rows) != list(range(23))
+    assert all(np.array_equal(bx[:, 0], by) for bx, by in seen)
+    assert [len(b[1]) for b in train.batches(train.key(0), (x, y), 5, drop_last=True)] == [5] * 4
+    assert [list(b) for b in train.batches(None, y[:4], 2, shuffle=False)] == [[0, 1], [2, 3]]
+    with pytest.raises(ShapeError): list(train.batches(train.key(0), (x, y[:5]), 2))
+    with pytest.raises(ValueError): list(train.batches(train.key(0), (x, y), 0))
+
+
+def test_random_windows():
+    tokens = np.arange(50, dtype=np.int32)
+    x, y = train.random_windows(train.key(1), tokens, 8, 10)
+    assert x.shape == y.shape == (8, 10) and x.dtype == np.int32
+    assert np.array_equal(y, x + 1) and x.min() >= 0 and y.max() <= 49
+    x2, _ = train.random_windows(train.key(1), tokens, 8, 10)
+    assert np.array_equal(x, x2)
+    with pytest.raises(ShapeError): train.random_windows(train.key(1), tokens[:10], 2, 10)
+    with pytest.raises(DTypeError): train.random_windows(train.key(1), tokens.astype(float), 2, 5)
+    with pytest.raises(ShapeError): train.random_windows(train.key(1), tokens.reshape(5, 10), 2, 5)
+
+
+def test_metrics():
+    assert train.accuracy(np.array([[0., 1.], [3., 2.], [0., 5.], [1., 0.]]), np.array([1, 0, 0, 0])) == 0.75
+    assert math.isclose(train.perplexity(math.log(50257)), 50257)
+    with pytest.raises(ShapeError): train.accuracy(np.zeros((3, 2)), np.zeros(2, int))
+
+
+def _regression_data(n=64):
+    r = train.rng(train.key(10))
+    x = r.standard_normal((n, 3)).astype(np.float32)
+    w = np.array([[1.0, -2.0], [0.5, 0.0], [0.0, 1.5]], np.float32)
+    return x, (np.tanh(x @ w) + 0.1).astype(np.float32)
+
+
+def test_batch_training_converges_and_keeps_shapes_and_dtypes():
+    "In the spirit of the broadcast-bias bug: batch > 1, every parameter keeps its shape and dtype at every step."
+    x, y = _regression_data()
+    params = nn.mlp_init(train.key(0), [3, 16, 2])
+    spec = [(l.shape, l.dtype) for l in gd.tree_leaves(params)]
+    opt = optim.adam(1e-2); state = opt.init(params)
+    vg = gd.value_and_grad(lambda p, x, y: loss.mse(nn.mlp(p, x, T.tanh), y))
+    first = None
+    for t in range(300):
+        idx = train.rng(train.fold_in(train.key(1), t)).integers(0, 64, 16)
+        value, grads = vg(params, x[idx], y[idx])
+        params, state = opt.update(grads, state, params)
+        assert [(l.shape, l.dtype) for l in gd.tree_leaves(params)] == spec
+        assert [(l.shape, l.dtype) for l in gd.tree_leaves(state['mu'])] == spec
+        first = first if first is not None else float(value)
+    final = float(loss.mse(nn.mlp(params, x, T.tanh), y))
+    assert final < 0.02 * first, (first, final)
+
+
+def _setup(dtype=np.float32):
+    x, y = _regression_data()
+    x, y = x.astype(dtype), y.astype(dtype)
+    def loss_fn(p, xb, yb, k):
+        h = T.tanh(nn.linear(p['blocks'][0]['attn']['wq'], xb))
+        return loss.mse(nn.linear(p['head'], nn.dropout(k, h, 0.2, True)), yb)
+    def get_batch(k, t):
+        kb, kd = train.split(k)
+        idx = train.rng(kb).integers(0, len(x), 8)
+        return x[idx], y[idx], kd
+    k1, k2 = train.split(train.key(0))
+    params = {'blocks': [{'attn': {'wq': nn.linear_init(k1, 3, 8, dtype=dtype)}}], 'head': nn.linear_init(k2, 8, 2, dtype=dtype)}
+    opt = optim.adamw(optim.warmup_cosine(1e-2, 3, 30), mask=optim.decay_mask)
+    return loss_fn, get_batch, opt, train.init_state(params, opt, train.key(5))
+
+
+def _named(state):
+    return {gd.keystr(p): np.asarray(l) for p, l in
+            gd.tree_flatten_with_path({'params': state.params, 'opt_state': state.opt_state, 'key': state.key})}
+
+
+def test_fit_records_evaluates_and_calls_back():
+    loss_fn, get_batch, opt, s0 = _setup()
+    logged = []
+    state, hist = train.fit(loss_fn, s0, opt, get_batch, 30, eval_fn=lambda p: {'val': 1.0}, eval_every=10,
+                            callback=logged.append, log_every=5, progress=False)
+    assert state.step == 30 and [r['step'] for r in hist] == list(range(1, 31))
+    assert [r['step'] for r in hist if 'val' in r] == [10, 20, 30]
+    assert [r['step'] for r in logged] == [5, 10, 15, 20, 25, 30]
+    assert hist[0]['lr'] == opt.learning_rate(0) and hist[-1]['loss'] < hist[0]['loss']
+    state2, _ = train.fit(loss_fn, s0, opt, get_batch, 30, progress=True)      # the bar must not change anything
+    assert all(np.array_equal(a, b) for a, b in zip(_named(state).values(), _named(state2).values()))
+
+
+def test_fit_refuses_nan():
+    loss_fn, get_batch, opt, s0 = _setup()
+    bad = lambda k, t: tuple(np.full_like(a, np.nan) if t == 3 and a.dtype == np.float32 else a for a in get_batch(k, t))
+    with pytest.raises(optim.NonFiniteError, match="step 3"):
+        train.fit(loss_fn, s0, opt, bad, 10, progress=False)
+    with pytest.raises(ValueError): train.fit(loss_fn, s0._replace(step=5), opt, get_batch, 2, progress=False)
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_resume_is_bit_for_bit(tmp_path, dtype):
+    loss_fn, get_batch, opt, s0 = _setup(dtype)
+    full, h_full = train.fit(loss_fn, s0, opt, get_batch, 24, clip_norm=1.0, progress=False)
+    part, h1 = train.fit(loss_fn, s0, opt, get_batch, 11, clip_norm=1.0, progress=False)
+    path = tmp_path / 'ckpt.safetensors'
+    train.save_checkpoint(path, part)
+    resumed = train.load_checkpoint(path, like=s0)
+    assert resumed.step == 11 and isinstance(resumed.params['blocks'], list)
+    resumed, h2 = train.fit(loss_fn, resumed, opt, get_batch, 24, clip_norm=1.0, progress=False)
+    a, b = _named(full), _named(resumed)
+    assert a.keys() == b.keys()
+    for n in a:
+        assert a[n].dtype == b[n].dtype and np.array_equal(a[n], b[n]), n
+    assert [r['loss'] for r in h_full] == [r['loss'] for r in h1 + h2]
+    # and the run is not trivially constant: a different key gives different parameters
+    other, _ = train.fit(loss_fn, s0._replace(key=train.key(6)), opt, get_batch, 24, clip_norm=1.0, progress=False)
+    assert not np.array_equal(other.params['head']['w'], full.params['head']['w'])
+
+
+def test_checkpoint_names_and_plain_load(tmp_path):
+    from gradus.storage import load_safetensors
+    _, _, _, s0 = _setup()
+    path = tmp_path / 'c.safetensors'
+    train.save_checkpoint(path, s0, metadata={'run': 'test'})
+    flat, meta = load_safetensors(path, flat=True, with_metadata=True)
+    assert 'params.blocks.0.attn.wq.w' in flat and 'opt_state.mu.head.b' in flat and 'opt_state.step' in flat
+    assert flat['step'].dtype == np.int64 and flat['key'].dtype == np.uint64
+    assert meta['run'] == 'test' and meta['step'] == '0'
+    plain = train.load_checkpoint(path)
+    assert plain.step == 0 and np.array_equal(plain.params['head']['w'], s0.params['head']['w'])
+    assert np.array_equal(plain.key, s0.key)
+
+
+def test_checkpoint_mismatch_errors(tmp_path):
+    _, _, opt, s0 = _setup()
+    path = tmp_path / 'c.safetensors'
+    train.save_checkpoint(path, s0)
+    wider = train.init_state({**s0.params, 'head': nn.linear_init(train.key(0), 8, 3)}, opt, train.key(5))
+    with pytest.raises(train.CheckpointError, match="head"): train.load_checkpoint(path, like=wider)
+    more = train.init_state({**s0.params, 'extra': np.zeros(2, np.float32)}, opt, train.key(5))
+    with pytest.raises(train.CheckpointError, match="no tensor 'opt_state.mu.extra'"): train.load_checkpoint(path, like=more)
+    fewer = train.init_state({'head': s0.params['head']}, opt, train.key(5))
+    with pytest.raises(train.CheckpointError, match="unexpected tensor"): train.load_checkpoint(path, like=fewer)
+    with pytest.raises(train.CheckpointError, match="'a.b'"):
+        train.save_checkpoint(tmp_path / 'd.safetensors', s0._replace(params={'a.b': np.zeros(1)}))
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    _, _, opt, s0 = _setup()
+    path = tmp_path / 'c.safetensors'
+    train.save_checkpoint(path, s0)
+    before = path.read_bytes()
+    later = s0._replace(step=7)
+    def crash(*a, **k): raise OSError("disk full (simulated)")
+    monkeypatch.setattr(os, 'replace', crash)
+    with pytest.raises(OSError, match="simulated"): train.save_checkpoint(path, later)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ['c.safetensors']
+    assert train.load_checkpoint(path, like=s0).step == 0
+
+
+def test_regression_exemplum(capsys):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location('exemplum_regression', Path(__file__).resolve().parents[1] / 'exempla' / 'regression' / 'regression.py')
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    params = mod.main()
+    out = capsys.readouterr().out
+    assert 'learned: w0=2.000 w1=-1.000 b=0.500' in out and out.count('epoch') == 10
+    np.testing.assert_allclose(params['w'][:, 0], [2.0, -1.0], atol=1e-5)
+    np.testing.assert_allclose(params['b'], [0.5], atol=1e-5)
