@@ -10,7 +10,7 @@ __all__ = ['abs', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'no
            'take', 'getitem', 'concatenate', 'stack', 'check_rule', 'mean', 'var', 'logsumexp', 'softmax',
            'log_softmax', 'relu', 'sigmoid', 'softplus', 'gelu']
 
-# %% ../nbs/02_tensor.ipynb #3ab22ecd
+# %% ../nbs/02_tensor.ipynb #a762c4bb
 import math
 import numpy as np
 import scipy.special
@@ -19,7 +19,7 @@ from .dtype import DTypeError, result_type
 from .shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape, reshape_shape,
                           normalize_axis)
 
-# %% ../nbs/02_tensor.ipynb #62862805
+# %% ../nbs/02_tensor.ipynb #c16b9fd7
 class Primitive:
     """One operation of the closed set: `impl(*arrays, **params)` computes it, `abstract(*avals, **params)` returns
     the `(shape, dtype)` of its result from inputs that have `.shape` and `.dtype`, and `vjp(ct, out, *ins, **params)`
@@ -36,7 +36,7 @@ class Primitive:
             if isinstance(a, Tracer): return _current_trace(a).process(self, args, params)
         return self.impl(*args, **params)
 
-# %% ../nbs/02_tensor.ipynb #89a4298e
+# %% ../nbs/02_tensor.ipynb #887c450f
 class TracerError(RuntimeError):
     "A tracer used where a concrete value is needed (Python `if`, `float()`), or after its trace has ended."
 
@@ -99,7 +99,7 @@ class Tracer:
             raise TypeError(f"numpy's {ufunc.__name__}.{method} cannot trace; use the gradus.tensor op instead")
         return op(*inputs)
 
-# %% ../nbs/02_tensor.ipynb #b84b7db5
+# %% ../nbs/02_tensor.ipynb #f9c3d144
 def _aval_unary(x, **_): return tuple(x.shape), x.dtype
 def _aval_binary(name):
     def rule(x, y, **_): return broadcast_shapes(x.shape, y.shape, op=name), x.dtype
@@ -179,7 +179,7 @@ def minimum(x, y):
     "Elementwise minimum; at ties the gradient is split equally (0.5 each)."
     return _minimum_p.bind(*_promote(x, y))
 
-# %% ../nbs/02_tensor.ipynb #ec3982a9
+# %% ../nbs/02_tensor.ipynb #ab07d34f
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 def _erf_impl(x): return scipy.special.erf(x).astype(x.dtype, copy=False)
@@ -228,7 +228,7 @@ def erf(x):
     "The error function `2/√π ∫₀ˣ exp(-t²) dt`, elementwise (scipy.special.erf)."
     return _erf_p.bind(_float_operand(x))
 
-# %% ../nbs/02_tensor.ipynb #43dbd515
+# %% ../nbs/02_tensor.ipynb #df4de9a8
 def _compare(name, fn):
     p = Primitive(name, fn, _aval_compare(name), None, f'np.{fn.__name__}({{0}}, {{1}})')
     def op(x, y): return p.bind(*_promote(x, y))
@@ -256,7 +256,7 @@ def stop_gradient(x):
     "The identity in the forward pass; its gradient is zero (the value is treated as a constant)."
     return _stop_gradient_p.bind(_promote(x)[0])
 
-# %% ../nbs/02_tensor.ipynb #564d532e
+# %% ../nbs/02_tensor.ipynb #f983b185
 def _where_vjp(ct, out, c, x, y):
     zero = np.zeros((), ct.dtype)
     return None, _unbroadcast(where(c, ct, zero), x), _unbroadcast(where(c, zero, ct), y)
@@ -272,7 +272,7 @@ def where(cond, x, y):
     x, y = _promote(x, y)
     return _where_p.bind(cond, x, y)
 
-# %% ../nbs/02_tensor.ipynb #1d8ec031
+# %% ../nbs/02_tensor.ipynb #a12ee6e5
 def _matmul_aval(a, b): return matmul_shape(a.shape, b.shape), a.dtype
 
 def _matmul_vjp(ct, out, a, b):
@@ -299,7 +299,7 @@ def matmul(a, b):
     "`a @ b` under numpy's rules (batched, broadcasting batch axes, 1-D vectors); `ShapeError` on mismatch."
     return _matmul_p.bind(*_promote(a, b))
 
-# %% ../nbs/02_tensor.ipynb #6c46fb81
+# %% ../nbs/02_tensor.ipynb #e8de9658
 def _reduce_aval(x, axis, keepdims, int_ok=True):
     shape = tuple(1 if i in axis else n for i, n in enumerate(x.shape)) if keepdims else \
             tuple(n for i, n in enumerate(x.shape) if i not in axis)
@@ -337,7 +337,7 @@ def max(x, axis=None, keepdims=False):
     if any(x.shape[a] == 0 for a in axis): raise ShapeError(f"max: empty reduction over axis {axis} of shape {tuple(x.shape)}")
     return _max_p.bind(x, axis=axis, keepdims=bool(keepdims))
 
-# %% ../nbs/02_tensor.ipynb #27ae6bf1
+# %% ../nbs/02_tensor.ipynb #6398ade0
 _reshape_p = Primitive('reshape', lambda x, shape: np.reshape(x, shape), lambda x, shape: (shape, x.dtype),
                        lambda ct, out, x, shape: (reshape(ct, x.shape),), '{0}.reshape({shape})')
 _transpose_p = Primitive('transpose', lambda x, axes: np.transpose(x, axes),
@@ -384,7 +384,7 @@ def cast(x, dtype):
     if not isinstance(x, Tracer): return D.cast(x, d)
     return x if x.dtype == d else _cast_p.bind(x, dtype=d)
 
-# %% ../nbs/02_tensor.ipynb #05f2cb75
+# %% ../nbs/02_tensor.ipynb #933a37f8
 def _index_shape(shape, idx): return np.broadcast_to(np.empty((), bool), shape)[idx].shape
 
 def _index_src(idx):
@@ -450,7 +450,7 @@ def getitem(x, idx):
         return take(x, k, axis=arrays[0])
     raise TypeError(f"unsupported index {idx!r}: use basic indices or one integer array (take)")
 
-# %% ../nbs/02_tensor.ipynb #85a352ca
+# %% ../nbs/02_tensor.ipynb #22c85772
 def _concat_aval(*xs, axis):
     rest = [tuple(s for i, s in enumerate(x.shape) if i != axis) for x in xs]
     if any(r != rest[0] for r in rest):
@@ -481,7 +481,7 @@ def stack(xs, axis=0):
     ax = normalize_axis(axis, nd, 'stack')[0]
     return concatenate([reshape(x, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax:])) for x in xs], axis=ax)
 
-# %% ../nbs/02_tensor.ipynb #37a6dab7
+# %% ../nbs/02_tensor.ipynb #38c80158
 _UFUNCS = dict(add=add, subtract=subtract, multiply=multiply, true_divide=divide, divide=divide, power=power,
                negative=negative, exp=exp, log=log, log1p=log1p, sin=sin, cos=cos, tanh=tanh, sqrt=sqrt,
                absolute=absolute, maximum=maximum, minimum=minimum, matmul=matmul, less=less,
@@ -494,7 +494,7 @@ PRIMITIVES = [_add_p, _subtract_p, _multiply_p, _divide_p, _power_p, _maximum_p,
               _where_p, _matmul_p, _sum_p, _max_p, _reshape_p, _transpose_p, _broadcast_to_p, _cast_p,
               _getitem_p, _index_put_p, _take_p, _scatter_add_p, _concatenate_p]
 
-# %% ../nbs/02_tensor.ipynb #40d4cd29
+# %% ../nbs/02_tensor.ipynb #61ad6040
 def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
     """Dot-product test of `prim`'s VJP rule at float64 `args`: `⟨u, J v⟩` by central differences against
     `⟨Jᵀu, v⟩` from the rule, for random `u`, `v`. Returns the relative error; raises `AssertionError` above `rtol`."""
@@ -513,7 +513,7 @@ def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
         assert err < rtol, f"{prim} operand {i}: <u, Jv> = {lhs} but <J^T u, v> = {rhs} (rel err {err:.2e})"
     return err
 
-# %% ../nbs/02_tensor.ipynb #91bf5b75
+# %% ../nbs/02_tensor.ipynb #2e7c7aec
 def mean(x, axis=None, keepdims=False):
     "Arithmetic mean over `axis`."
     x = _reduction_operand(x, 'mean')
@@ -560,7 +560,7 @@ def sigmoid(x):
 def softplus(x):
     "`log(1 + exp(x))` as `max(x, 0) + log1p(exp(−|x|))`."
     x = _float_operand(x)
-    return relu(x) + log1p(exp(negative(absolute(x))))
+    return maximum(x, np.zeros((), x.dtype)) + log1p(exp(negative(absolute(x))))
 
 def gelu(x, approximate=True):
     "GELU (Hendrycks & Gimpel 2016): the tanh approximation by default, `approximate=False` for the exact erf form."

@@ -116,6 +116,11 @@ def test_max_ties_share_equally():
     assert gx == 0.5 and gy == 0.5
 
 
+def test_softplus_slope_at_zero():
+    "softplus'(0) = sigmoid(0) = 1/2: the kinks of maximum and abs at 0 must cancel."
+    assert gd.grad(lambda x: T.softplus(x))(np.array(0.0)) == 0.5
+
+
 def test_abs_and_relu_at_zero():
     assert gd.grad(lambda x: T.absolute(x))(np.array(0.0)) == 0.0
     assert gd.grad(lambda x: T.sum(T.relu(x)))(np.zeros(3)).tolist() == [0.0, 0.0, 0.0]
