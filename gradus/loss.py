@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['mse', 'cross_entropy', 'binary_cross_entropy_with_logits']
 
-# %% ../nbs/04_loss.ipynb #3357d5fc
+# %% ../nbs/04_loss.ipynb #19f85338
 import numpy as np
 import gradus as gd
 from . import tensor as T
@@ -14,7 +14,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer
 
-# %% ../nbs/04_loss.ipynb #15b96c44
+# %% ../nbs/04_loss.ipynb #dda55e03
 def _check_same_shape(name, a, b, what=('pred', 'target')):
     if tuple(np.shape(a)) != tuple(np.shape(b)):
         raise ShapeError(f"{name}: {what[0]} shape {tuple(np.shape(a))} != {what[1]} shape {tuple(np.shape(b))} "
@@ -37,7 +37,7 @@ def mse(pred, target):
     d = pred - target
     return T.mean(d * d)
 
-# %% ../nbs/04_loss.ipynb #48f5d8c9
+# %% ../nbs/04_loss.ipynb #04f0e486
 def _check_labels(name, labels, n_classes, ignore_index):
     if isinstance(labels, Tracer) or labels.size == 0: return
     ok = (labels >= 0) & (labels < n_classes)
@@ -76,13 +76,13 @@ def cross_entropy(logits, labels, ignore_index=None):
     w = T.cast(keep, logits.dtype)
     return -T.sum(picked * w) / T.maximum(T.sum(w), 1.0)
 
-# %% ../nbs/04_loss.ipynb #683b4209
+# %% ../nbs/04_loss.ipynb #ed69d248
 def binary_cross_entropy_with_logits(logits, targets):
     """Mean binary cross-entropy of `targets` (probabilities in [0, 1]) under `sigmoid(logits)`, elementwise then
-    averaged: `mean(max(x, 0) − x·t + log1p(exp(−|x|)))`, in nats.
+    averaged: `mean(softplus(x) − x·t)`, in nats.
 
     `logits`, `targets`: float arrays of the same shape (no broadcasting); returns a 0-d array. Stable for logits of
     any magnitude. Raises `ShapeError`/`DTypeError`. Same quantity as `torch.nn.BCEWithLogitsLoss`."""
     x = _float_array(logits, 'binary_cross_entropy_with_logits', 'logits')
     _check_same_shape('binary_cross_entropy_with_logits', x, targets, ('logits', 'targets'))
-    return T.mean(T.maximum(x, 0.0) - x * targets + T.log1p(T.exp(-T.absolute(x))))
+    return T.mean(T.softplus(x) - x * targets)
