@@ -7,7 +7,7 @@ __all__ = ['TreeDef', 'tree_flatten', 'tree_unflatten', 'tree_leaves', 'tree_map
            'Lit', 'Eqn', 'Graph', 'Trace', 'trace', 'dce', 'Compiled', 'compile_graph', 'eval_graph', 'value_and_grad',
            'grad', 'jit', 'partial_eval', 'vjp', 'jvp', 'custom_vjp', 'GradCheckError', 'check_grads', 'show_code']
 
-# %% ../nbs/03_autograd.ipynb #82731080
+# %% ../nbs/03_autograd.ipynb #4d73a7d2
 import inspect, keyword, math
 from typing import NamedTuple
 import numpy as np
@@ -17,7 +17,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, TracerError, Primitive
 
-# %% ../nbs/03_autograd.ipynb #cd41237c
+# %% ../nbs/03_autograd.ipynb #43e36d7d
 class TreeDef(NamedTuple):
     "A pytree's structure: `kind` ('leaf', 'none', 'tuple', 'list', 'dict', 'namedtuple'), `meta` (dict keys or the NamedTuple class), `children`."
     kind: str
@@ -93,7 +93,7 @@ def keystr(path):
     "A path as dotted text, e.g. `('blocks', 0, 'attn', 'wq')` -> `'blocks.0.attn.wq'`."
     return '.'.join(map(str, path))
 
-# %% ../nbs/03_autograd.ipynb #0b9a4725
+# %% ../nbs/03_autograd.ipynb #052485e5
 _SHORT = {'float64': 'f64', 'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16', 'int32': 'i32', 'int64': 'i64', 'bool': 'bool'}
 def _aval_str(shape, dtype): return f"{_SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
 
@@ -152,7 +152,7 @@ class Graph:
         lines.append('  in (' + ', '.join(map(a, self.outs)) + ') }')
         return '\n'.join(lines)
 
-# %% ../nbs/03_autograd.ipynb #3822b545
+# %% ../nbs/03_autograd.ipynb #7db8bbe4
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
     _counter = 0
@@ -210,7 +210,7 @@ def _trace_flat(f, in_td, avals, extra=None):
         outs = list(out_leaves) + (list(extra(t, ins, out_leaves)) if extra else [])
         return t.graph(outs), out_td, len(out_leaves), [x for x, _ in t.captures.values()]
 
-# %% ../nbs/03_autograd.ipynb #6bcf4b13
+# %% ../nbs/03_autograd.ipynb #74b4fb9d
 def _backward(t, ins, diff, outs, cts):
     """Append to trace `t` the backward equations of everything recorded so far. `ins`: input tracers, `diff`: which
     get gradients, `outs`: output leaves, `cts`: their cotangents. Returns one gradient per differentiated input."""
@@ -232,7 +232,7 @@ def _backward(t, ins, diff, outs, cts):
             if c is not None and isinstance(v, Var) and v.n in active: accumulate(v, c)
     return [ct.get(x.var.n, np.zeros(x.shape, x.dtype)) if d else None for x, d in zip(ins, diff)]
 
-# %% ../nbs/03_autograd.ipynb #ff3bb4bc
+# %% ../nbs/03_autograd.ipynb #f1b75e89
 def dce(g):
     "The graph `g` without equations whose outputs no output depends on."
     live = {o.n for o in g.outs if isinstance(o, Var)}
@@ -242,7 +242,7 @@ def dce(g):
             kept.append(e); live.update(v.n for v in e.ins if isinstance(v, Var))
     return Graph(g.ins, kept[::-1], g.outs)
 
-# %% ../nbs/03_autograd.ipynb #6235bd49
+# %% ../nbs/03_autograd.ipynb #93c8df24
 def _scalar_src(v):
     t = 'bool' if v.dtype == D.bool_ else v.dtype.name
     if v.dtype == D.bool_: return repr(bool(v))
@@ -302,7 +302,7 @@ def eval_graph(g, args):
     for e in g.eqns: env[e.out.n] = e.prim.bind(*map(read, e.ins), **e.params)
     return [read(o) for o in g.outs]
 
-# %% ../nbs/03_autograd.ipynb #8995ab6b
+# %% ../nbs/03_autograd.ipynb #f69baeec
 class _Entry:
     "One signature's graph, its compiled function (None when it captures outer tracers), and how to shape its outputs."
     def __init__(self, graph, post, captured, name):
@@ -377,7 +377,7 @@ def _diff_mask(td, avals, argnums, f):
         raise ValueError(f"argnums {argnums} out of range for {len(td.children)} arguments of {_fname(f)}")
     return diff
 
-# %% ../nbs/03_autograd.ipynb #b41b0ac3
+# %% ../nbs/03_autograd.ipynb #dde76472
 def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns `(value, aux)`
     and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple of them when `argnums` is a
@@ -417,7 +417,7 @@ def grad(f, argnums=0, has_aux=False, static_argnums=()):
     g.lower, g.__wrapped__, g.__name__ = vg.lower, f, f"grad({_fname(f)})"
     return g
 
-# %% ../nbs/03_autograd.ipynb #47739992
+# %% ../nbs/03_autograd.ipynb #1d0c4bf8
 def jit(f, static_argnums=()):
     "Compile `f` (a function of pytrees of arrays) once per argument signature; returns the same pytree `f` returns."
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -426,7 +426,7 @@ def jit(f, static_argnums=()):
         return dce(graph), lambda outs: tree_unflatten(out_td, outs), captured
     return _Transformed(f, 'jit', build, static)
 
-# %% ../nbs/03_autograd.ipynb #3fe6df09
+# %% ../nbs/03_autograd.ipynb #c0dbb62f
 def partial_eval(g, known_ins):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into `(fwd, bwd)`:
     `fwd` maps the known inputs to the known outputs plus the residuals; `bwd` maps residuals + unknown inputs to
@@ -504,7 +504,7 @@ def vjp(f, *primals):
         if not entry.captured: cache[key] = entry
     return entry(leaves)
 
-# %% ../nbs/03_autograd.ipynb #6716a4dd
+# %% ../nbs/03_autograd.ipynb #8cd7b38e
 _JVP_CACHE = weakref.WeakKeyDictionary()
 
 def _double_vjp(f):
@@ -525,7 +525,7 @@ def jvp(f, primals, tangents):
     except TypeError: tf = jit(_double_vjp(f))
     return tf(tuple(primals), tuple(tangents))
 
-# %% ../nbs/03_autograd.ipynb #ef6abfc2
+# %% ../nbs/03_autograd.ipynb #285a1b64
 def _custom_call_vjp(ct, out, *ins, n_args, args_tree, res_tree, bwd):
     res = tree_unflatten(res_tree, ins[n_args:-1])
     cts = bwd(res, ct)
@@ -550,7 +550,7 @@ class custom_vjp:
         return _custom_vjp_call_p.bind(*leaves, *res_leaves, out, n_args=len(leaves), args_tree=args_tree,
                                        res_tree=res_tree, bwd=self.bwd)
 
-# %% ../nbs/03_autograd.ipynb #194cd0ea
+# %% ../nbs/03_autograd.ipynb #2a5eb4d7
 class GradCheckError(AssertionError):
     "A generated derivative that disagrees with finite differences; the message names the worst element."
 
@@ -606,7 +606,7 @@ def _replace_leaf(args, i, path, value):
         return type(node)(*items) if _is_namedtuple(node) else type(node)(items)
     return args[:i] + (rep(args[i], path),) + args[i + 1:]
 
-# %% ../nbs/03_autograd.ipynb #5bdef740
+# %% ../nbs/03_autograd.ipynb #15bda55a
 def show_code(f, *args):
     "The generated source that computes `f` (a transformed function, or a plain one: its vjp halves) at `args`."
     if hasattr(f, 'lower'): return f.lower(*args)[0].source
