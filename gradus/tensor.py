@@ -10,7 +10,7 @@ __all__ = ['abs', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'no
            'take', 'getitem', 'concatenate', 'stack', 'check_rule', 'mean', 'var', 'logsumexp', 'softmax',
            'log_softmax', 'relu', 'sigmoid', 'softplus', 'gelu', 'gelu_tanh_reference']
 
-# %% ../nbs/02_tensor.ipynb #b6208ee7
+# %% ../nbs/02_tensor.ipynb #7e2f76d3
 import math
 import numpy as np
 import scipy.special
@@ -19,7 +19,7 @@ from .dtype import DTypeError, result_type
 from .shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape, reshape_shape,
                           normalize_axis)
 
-# %% ../nbs/02_tensor.ipynb #92bb655a
+# %% ../nbs/02_tensor.ipynb #d7766362
 class Primitive:
     """One operation of the closed set: `impl(*arrays, **params)` computes it, `abstract(*avals, **params)` returns
     the `(shape, dtype)` of its result from inputs that have `.shape` and `.dtype`, and `vjp(ct, out, *ins, **params)`
@@ -36,7 +36,7 @@ class Primitive:
             if isinstance(a, Tracer): return _current_trace(a).process(self, args, params)
         return self.impl(*args, **params)
 
-# %% ../nbs/02_tensor.ipynb #515d06df
+# %% ../nbs/02_tensor.ipynb #ac398d4e
 class TracerError(RuntimeError):
     "A tracer used where a concrete value is needed (Python `if`, `float()`), or after its trace has ended."
 
@@ -45,6 +45,12 @@ _TRACES = []  # the stack of active traces; the innermost is last
 def _current_trace(t):
     if not _TRACES: raise TracerError(f"{t!r} escaped the function that was being traced (leaked tracer)")
     return _TRACES[-1]
+
+def _no_out(keepdims, kw):
+    "Accept numpy's `np.sum(t)` calling convention (`dtype=None, out=None`) and refuse what cannot be honoured."
+    if kw.get('out') is not None or kw.get('dtype') is not None:
+        raise TypeError("tracer reductions take no out= or dtype= (cast with T.cast)")
+    return keepdims
 
 class Tracer:
     "Placeholder for an array during tracing: `.trace` records ops, `.var` names the value in the graph."
@@ -86,9 +92,12 @@ class Tracer:
     def __eq__(self, o): return equal(self, o)
     def __ne__(self, o): return not_equal(self, o)
     def __getitem__(self, idx): return getitem(self, idx)
-    def sum(self, axis=None, keepdims=False): return sum(self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return max(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return mean(self, axis, keepdims)
+    def sum(self, axis=None, keepdims=False, **kw): return sum(self, axis, _no_out(keepdims, kw))
+    def max(self, axis=None, keepdims=False, **kw): return max(self, axis, _no_out(keepdims, kw))
+    def mean(self, axis=None, keepdims=False, **kw): return mean(self, axis, _no_out(keepdims, kw))
+    def __array__(self, *a, **k):
+        raise TracerError(f"{self!r} has no values to convert to a numpy array: inside a traced function use the "
+                          "gradus.tensor ops (T.where, T.sum, ...) instead of numpy functions")
     def reshape(self, *shape): return reshape(self, shape[0] if len(shape) == 1 else shape)
     def transpose(self, *axes): return transpose(self, axes[0] if len(axes) == 1 else (axes or None))
     def astype(self, dtype): return cast(self, dtype)
@@ -99,7 +108,7 @@ class Tracer:
             raise TypeError(f"numpy's {ufunc.__name__}.{method} cannot trace; use the gradus.tensor op instead")
         return op(*inputs)
 
-# %% ../nbs/02_tensor.ipynb #208716bd
+# %% ../nbs/02_tensor.ipynb #f587adf4
 def _aval_unary(x, **_): return tuple(x.shape), x.dtype
 def _aval_binary(name):
     def rule(x, y, **_): return broadcast_shapes(x.shape, y.shape, op=name), x.dtype
@@ -144,7 +153,7 @@ def _pick_vjp(x_wins):
     "VJP of maximum/minimum: `ct` to the operand that won; ties (x == y) split it equally (see Conventions)."
     def rule(ct, out, x, y):
         d = ct.dtype
-        wx = cast(x_wins(x, y), d) + cast(equal(x, y), d) * 0.5
+        wx = cast(x_wins(x, y), d) + multiply(cast(equal(x, y), d), 0.5)
         return _unbroadcast(ct * wx, x), _unbroadcast(ct * (1 - wx), y)
     return rule
 _max_vjp = _pick_vjp(lambda x, y: greater(x, y))
@@ -168,9 +177,12 @@ def divide(x, y):
     return _divide_p.bind(x, y)
 def power(x, y):
     """Elementwise `x ** y`. The gradient with respect to `y` is `out * log(x)`: finite only for `x > 0`.
-    A constant exponent of exactly 1 returns `x` itself (the VJP of `x ** 2` would otherwise compute `x ** 1`)."""
+    A constant exponent of exactly 1 returns `x` itself (the VJP of `x ** 2` would otherwise compute `x ** 1`), and
+    of exactly 0 returns ones (so the gradient at `x = 0` is 0, not `0 · 0⁻¹`)."""
     x, y = _promote(x, y)
-    if not isinstance(y, Tracer) and y.ndim == 0 and y == 1 and np.shape(x) == np.broadcast_shapes(np.shape(x), ()): return x
+    if not isinstance(y, Tracer) and y.ndim == 0:
+        if y == 1: return x
+        if y == 0: return np.ones(tuple(x.shape), x.dtype)  # x**0 = 1: a constant, gradient 0 (not 0·x⁻¹ = NaN at 0)
     return _power_p.bind(x, y)
 def maximum(x, y):
     "Elementwise maximum; at ties the gradient is split equally (0.5 each)."
@@ -179,7 +191,7 @@ def minimum(x, y):
     "Elementwise minimum; at ties the gradient is split equally (0.5 each)."
     return _minimum_p.bind(*_promote(x, y))
 
-# %% ../nbs/02_tensor.ipynb #353c63c6
+# %% ../nbs/02_tensor.ipynb #4354cdc9
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 def _erf_impl(x): return scipy.special.erf(x).astype(x.dtype, copy=False)
@@ -191,10 +203,10 @@ _log1p_p = Primitive('log1p', np.log1p, _aval_unary, lambda ct, out, x: (ct / (x
 _sin_p = Primitive('sin', np.sin, _aval_unary, lambda ct, out, x: (ct * cos(x),), 'np.sin({0})')
 _cos_p = Primitive('cos', np.cos, _aval_unary, lambda ct, out, x: (negative(ct) * sin(x),), 'np.cos({0})')
 _tanh_p = Primitive('tanh', np.tanh, _aval_unary, lambda ct, out, x: (ct * (1 - out * out),), 'np.tanh({0})')
-_sqrt_p = Primitive('sqrt', np.sqrt, _aval_unary, lambda ct, out, x: (ct * 0.5 / out,), 'np.sqrt({0})')
+_sqrt_p = Primitive('sqrt', np.sqrt, _aval_unary, lambda ct, out, x: (divide(multiply(ct, 0.5), out),), 'np.sqrt({0})')
 _abs_p = Primitive('absolute', np.absolute, _aval_unary, lambda ct, out, x: (ct * sign(x),), 'np.absolute({0})')
 _erf_p = Primitive('erf', _erf_impl, _aval_unary,
-                   lambda ct, out, x: (ct * _TWO_OVER_SQRT_PI * exp(negative(x * x)),))
+                   lambda ct, out, x: (multiply(ct, _TWO_OVER_SQRT_PI) * exp(negative(x * x)),))
 
 def negative(x):
     "Elementwise `-x`."
@@ -228,7 +240,7 @@ def erf(x):
     "The error function `2/√π ∫₀ˣ exp(-t²) dt`, elementwise (scipy.special.erf)."
     return _erf_p.bind(_float_operand(x))
 
-# %% ../nbs/02_tensor.ipynb #7b495dcf
+# %% ../nbs/02_tensor.ipynb #7151030d
 def _compare(name, fn):
     p = Primitive(name, fn, _aval_compare(name), None, f'np.{fn.__name__}({{0}}, {{1}})')
     def op(x, y): return p.bind(*_promote(x, y))
@@ -256,7 +268,7 @@ def stop_gradient(x):
     "The identity in the forward pass; its gradient is zero (the value is treated as a constant)."
     return _stop_gradient_p.bind(_promote(x)[0])
 
-# %% ../nbs/02_tensor.ipynb #b0979e2c
+# %% ../nbs/02_tensor.ipynb #84e6e083
 def _where_vjp(ct, out, c, x, y):
     zero = np.zeros((), ct.dtype)
     return None, _unbroadcast(where(c, ct, zero), x), _unbroadcast(where(c, zero, ct), y)
@@ -272,7 +284,7 @@ def where(cond, x, y):
     x, y = _promote(x, y)
     return _where_p.bind(cond, x, y)
 
-# %% ../nbs/02_tensor.ipynb #13f749ec
+# %% ../nbs/02_tensor.ipynb #d038c81f
 def _matmul_aval(a, b): return matmul_shape(a.shape, b.shape), a.dtype
 
 def _matmul_vjp(ct, out, a, b):
@@ -302,7 +314,7 @@ def matmul(a, b):
     "`a @ b` under numpy's rules (batched, broadcasting batch axes, 1-D vectors); `ShapeError` on mismatch."
     return _matmul_p.bind(*_promote(a, b))
 
-# %% ../nbs/02_tensor.ipynb #d7d3db02
+# %% ../nbs/02_tensor.ipynb #8b3de552
 def _reduce_aval(x, axis, keepdims, int_ok=True):
     shape = tuple(1 if i in axis else n for i, n in enumerate(x.shape)) if keepdims else \
             tuple(n for i, n in enumerate(x.shape) if i not in axis)
@@ -340,7 +352,7 @@ def max(x, axis=None, keepdims=False):
     if any(x.shape[a] == 0 for a in axis): raise ShapeError(f"max: empty reduction over axis {axis} of shape {tuple(x.shape)}")
     return _max_p.bind(x, axis=axis, keepdims=bool(keepdims))
 
-# %% ../nbs/02_tensor.ipynb #d33b9d09
+# %% ../nbs/02_tensor.ipynb #4e9ff2da
 _reshape_p = Primitive('reshape', lambda x, shape: np.reshape(x, shape), lambda x, shape: (shape, x.dtype),
                        lambda ct, out, x, shape: (reshape(ct, x.shape),), '{0}.reshape({shape})')
 _transpose_p = Primitive('transpose', lambda x, axes: np.transpose(x, axes),
@@ -354,15 +366,19 @@ _cast_p = Primitive('cast', lambda x, dtype: x.astype(dtype), lambda x, dtype: (
 
 def _shape_of(x): return tuple(np.shape(x))
 
+def _operand(x):
+    "An operand of an op that only moves data: arrays and tracers of any dtype (keys are uint64) pass unchanged."
+    return x if isinstance(x, (Tracer, np.ndarray)) else _promote(x)[0]
+
 def reshape(x, shape):
     "`x` with a new shape of the same size; one size may be -1. `ShapeError` otherwise."
-    x = _promote(x)[0]
+    x = _operand(x)
     shape = reshape_shape(x.shape, shape)
     return x if shape == tuple(x.shape) else _reshape_p.bind(x, shape=shape)
 
 def transpose(x, axes=None):
     "Permute the axes of `x` (reverse them when `axes` is None)."
-    x = _promote(x)[0]
+    x = _operand(x)
     axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(a % x.ndim for a in axes)
     if sorted(axes) != list(range(x.ndim)): raise ShapeError(f"transpose: {axes} is not a permutation of {x.ndim} axes")
     return x if axes == tuple(range(x.ndim)) else _transpose_p.bind(x, axes=axes)
@@ -375,7 +391,7 @@ def swapaxes(x, a, b):
 
 def broadcast_to(x, shape):
     "`x` broadcast to `shape` (numpy rules); `ShapeError` if it does not broadcast."
-    x = _promote(x)[0]
+    x = _operand(x)
     shape = tuple(shape)
     if broadcast_shapes(x.shape, shape, op='broadcast_to') != shape:
         raise ShapeError(f"broadcast_to: cannot broadcast {tuple(x.shape)} to {shape}")
@@ -387,7 +403,7 @@ def cast(x, dtype):
     if not isinstance(x, Tracer): return D.cast(x, d)
     return x if x.dtype == d else _cast_p.bind(x, dtype=d)
 
-# %% ../nbs/02_tensor.ipynb #1e4388d7
+# %% ../nbs/02_tensor.ipynb #5de060ec
 def _index_shape(shape, idx): return np.broadcast_to(np.empty((), bool), shape)[idx].shape
 
 def _index_src(idx):
@@ -449,7 +465,7 @@ def getitem(x, idx):
     """`x[idx]`. Basic indices (ints, slices, None, Ellipsis) use `getitem`; a single integer array (or tracer)
     among full slices, as in `E[tokens]` or `x[:, idx]`, uses `take`. Boolean masks and several arrays are refused
     (`TypeError`): their result shape depends on values."""
-    x = _promote(x)[0]
+    x = _operand(x)
     key = idx if isinstance(idx, tuple) else (idx,)
     if all(_is_basic(k) for k in key):
         key = tuple(int(k) if isinstance(k, np.integer) else k for k in key)
@@ -462,7 +478,7 @@ def getitem(x, idx):
         return take(x, k, axis=arrays[0])
     raise TypeError(f"unsupported index {idx!r}: use basic indices or one integer array (take)")
 
-# %% ../nbs/02_tensor.ipynb #86c7dfba
+# %% ../nbs/02_tensor.ipynb #56cbe444
 def _concat_aval(*xs, axis):
     rest = [tuple(s for i, s in enumerate(x.shape) if i != axis) for x in xs]
     if any(r != rest[0] for r in rest):
@@ -493,7 +509,7 @@ def stack(xs, axis=0):
     ax = normalize_axis(axis, nd, 'stack')[0]
     return concatenate([reshape(x, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax:])) for x in xs], axis=ax)
 
-# %% ../nbs/02_tensor.ipynb #65daa0f1
+# %% ../nbs/02_tensor.ipynb #814e38bd
 _UFUNCS = dict(add=add, subtract=subtract, multiply=multiply, true_divide=divide, divide=divide, power=power,
                negative=negative, exp=exp, log=log, log1p=log1p, sin=sin, cos=cos, tanh=tanh, sqrt=sqrt,
                absolute=absolute, maximum=maximum, minimum=minimum, matmul=matmul, less=less,
@@ -506,7 +522,7 @@ PRIMITIVES = [_add_p, _subtract_p, _multiply_p, _divide_p, _power_p, _maximum_p,
               _where_p, _matmul_p, _sum_p, _max_p, _reshape_p, _transpose_p, _broadcast_to_p, _cast_p,
               _getitem_p, _index_put_p, _take_p, _scatter_add_p, _concatenate_p]
 
-# %% ../nbs/02_tensor.ipynb #9cac07d7
+# %% ../nbs/02_tensor.ipynb #cb327522
 def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
     """Dot-product test of `prim`'s VJP rule at float64 `args`: `⟨u, J v⟩` by central differences against
     `⟨Jᵀu, v⟩` from the rule, for random `u`, `v`. Returns the relative error; raises `AssertionError` above `rtol`."""
@@ -525,7 +541,7 @@ def check_rule(prim, *args, h=1e-6, rtol=1e-6, seed=0, **params):
         assert err < rtol, f"{prim} operand {i}: <u, Jv> = {lhs} but <J^T u, v> = {rhs} (rel err {err:.2e})"
     return err
 
-# %% ../nbs/02_tensor.ipynb #a7eca884
+# %% ../nbs/02_tensor.ipynb #d7fe04fe
 def mean(x, axis=None, keepdims=False):
     "Arithmetic mean over `axis`."
     x = _reduction_operand(x, 'mean')
@@ -547,7 +563,9 @@ def logsumexp(x, axis=-1, keepdims=False):
     axes = normalize_axis(axis, x.ndim, 'logsumexp')
     m = stop_gradient(max(x, axes, keepdims=True))
     m = where(isfinite(m), m, np.zeros((), x.dtype))
-    out = log(sum(exp(x - m), axes, keepdims=True)) + m
+    s = sum(exp(x - m), axes, keepdims=True)
+    pos = s > 0                                      # False only on all -inf rows: log(0) = -inf, by a second where
+    out = where(pos, log(where(pos, s, np.ones((), x.dtype))), np.asarray(-np.inf, x.dtype)) + m
     return out if keepdims else reshape(out, tuple(n for i, n in enumerate(x.shape) if i not in axes))
 
 def softmax(x, axis=-1):
@@ -567,7 +585,7 @@ def relu(x):
 
 def sigmoid(x):
     "`1 / (1 + exp(−x))`, computed as `½(1 + tanh(x/2))` so that nothing overflows."
-    return 0.5 * (tanh(_float_operand(x) * 0.5) + 1)
+    return multiply(tanh(multiply(_float_operand(x), 0.5)) + 1, 0.5)
 
 def softplus(x):
     "`log(1 + exp(x))` as `max(x, 0) + log1p(exp(−|x|))`."
@@ -581,15 +599,15 @@ def gelu(x, approximate=True):
     if approximate:
         if x.dtype in (D.float32, D.float64): return _gelu_tanh_p.bind(x)
         return gelu_tanh_reference(x)
-    return 0.5 * x * (1 + erf(x * (1 / math.sqrt(2))))
+    return multiply(x, 0.5) * (1 + erf(multiply(x, 1 / math.sqrt(2))))
 
 _GELU_C, _GELU_A = math.sqrt(2 / math.pi), 0.044715
 
 def gelu_tanh_reference(x):
     "The tanh-GELU as a composite of primitives: `½x(1 + tanh(c(x + 0.044715x³)))`, `c = √(2/π)`."
-    return 0.5 * x * (1 + tanh(_GELU_C * (x + _GELU_A * x * x * x)))
+    return multiply(x, 0.5) * (1 + tanh(multiply(x + multiply(x * x * x, _GELU_A), _GELU_C)))
 
-# %% ../nbs/02_tensor.ipynb #8997cb60
+# %% ../nbs/02_tensor.ipynb #a5f84205
 def _gelu_impl(x):
     "½x(1 + tanh(c(x + a x³))) with one temporary buffer."
     u = np.multiply(x, x)
@@ -608,9 +626,9 @@ def _gelu_grad_impl(x):
 
 def _gelu_second(x):
     "gelu''(x) with ops: `(1 − t²)(u' − x t u'² + ½x u'')`, `u'' = 6ac x`."
-    t = tanh(_GELU_C * (x + _GELU_A * x * x * x))
-    du = _GELU_C * (1 + 3 * _GELU_A * x * x)
-    return (1 - t * t) * (du - x * t * du * du + 0.5 * x * (6 * _GELU_A * _GELU_C) * x)
+    t = tanh(multiply(x + multiply(x * x * x, _GELU_A), _GELU_C))
+    du = multiply(multiply(x * x, 3 * _GELU_A) + 1, _GELU_C)
+    return (1 - t * t) * (du - x * t * du * du + multiply(x * x, 3 * _GELU_A * _GELU_C))
 
 _gelu_grad_p = Primitive('gelu_grad', _gelu_grad_impl, _aval_unary, lambda ct, out, x: (ct * _gelu_second(x),))
 _gelu_tanh_p = Primitive('gelu_tanh', _gelu_impl, _aval_unary, lambda ct, out, x: (ct * _gelu_grad_p.bind(x),))

@@ -174,3 +174,23 @@ def test_check_grads_catches_a_wrong_rule():
     bad.defvjp(lambda x: (T.sin(x), x), lambda x, ct: (ct * T.sin(x),))  # should be cos
     with pytest.raises(gd.GradCheckError, match=r'args\[0\]'):
         gd.check_grads(bad, (r(3),))
+
+
+@pytest.mark.parametrize('op', [T.sqrt, T.erf, T.exp, T.tanh, T.sigmoid, T.gelu, lambda x: T.gelu(x, approximate=False),
+                                T.softplus, lambda x: T.maximum(x, x), T.log_softmax, T.softmax])
+def test_bfloat16_stays_bfloat16(op):
+    "numpy with ml_dtypes turns bfloat16 * python float into float32; neither values nor gradients may do that."
+    x = np.linspace(0.5, 1.0, 4).astype(ml_dtypes.bfloat16)
+    assert op(x).dtype == x.dtype
+    assert gd.grad(lambda x: T.sum(op(x)))(x).dtype == x.dtype
+
+
+def test_power_zero_exponent_has_zero_gradient_at_zero():
+    assert gd.grad(lambda x: T.sum(x ** 0.0))(np.zeros(2)).tolist() == [0.0, 0.0]
+
+
+def test_logsumexp_all_minus_inf_row_gets_zero_gradient():
+    x = np.array([[0.5, 1.0], [-np.inf, -np.inf]])
+    with np.errstate(divide='ignore', invalid='ignore'):
+        g = gd.grad(lambda x: T.logsumexp(x, axis=-1)[0])(x)
+    assert np.isfinite(g).all() and g[1].tolist() == [0.0, 0.0]

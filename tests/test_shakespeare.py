@@ -82,3 +82,46 @@ def test_cli_end_to_end(corpus, tmp_path):
     assert r.returncode == 0, r.stderr
     assert 'final: step 6' in r.stdout and '--- sample' in r.stdout
     assert len((tmp_path / 'o' / 'sample.txt').read_text()) == 41
+
+
+def test_dropout_trains_through_a_traced_key(corpus, tmp_path):
+    "With dropout the model splits the step's key inside the compiled step; two keys give two different masks."
+    from gradus import models, nn, loss as L
+    c = models.GPTConfig(10, 8, 1, 2, 16, dropout=0.1)
+    p, x = models.init(nn.key(0), c), np.zeros((2, 8), np.int64)
+    g = gd.value_and_grad(lambda p, k: L.cross_entropy(models.apply(p, x, c, key=k, training=True), x))
+    (v1, g1), (v2, _), (v3, g3) = g(p, nn.key(1)), g(p, nn.key(2)), g(p, nn.key(1))
+    assert v1 != v2 and v1 == v3 and all(np.array_equal(a, b) for a, b in zip(gd.tree_leaves(g1), gd.tree_leaves(g3)))
+    cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'd'), **{**SMALL, 'iters': 6, 'eval_interval': 3, 'dropout': 0.2})
+    state, records = S.run(cfg, progress=False, log=lambda *a: None)
+    assert state.step == 6 and all(np.isfinite(r['train_loss']) for r in records)
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--dropout', '1.0'], '--dropout'), (['--n-embd', '15'], '--n-embd'), (['--lr', '-1'], '--lr'),
+    (['--lr', 'nan'], '--lr'), (['--temperature', '0'], '--temperature'), (['--iters', '0'], '--iters'),
+    (['--warmup', '-1'], '--warmup'), (['--grad-clip', '0'], '--grad-clip'), (['--threads', '0'], '--threads'),
+])
+def test_cli_refuses_bad_settings_before_training(corpus, tmp_path, flags, message):
+    r = gradus_cli('--data', str(corpus), '--out', str(tmp_path / 'o'), *flags, cwd=tmp_path)
+    assert r.returncode == 1 and message in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    assert not (tmp_path / 'o' / 'metrics.jsonl').exists()
+
+
+def test_text_without_newline_samples_and_warmup_zero(tmp_path):
+    p = tmp_path / 'oneline.txt'
+    p.write_text('the quick brown fox jumps over the lazy dog. ' * 60)
+    r = gradus_cli('--data', str(p), '--out', str(tmp_path / 'o'), '--iters', '4', '--eval-interval', '2', '--eval-iters', '1',
+                   '--block-size', '16', '--n-layer', '1', '--n-embd', '16', '--n-head', '2', '--warmup', '0',
+                   '--sample-len', '10', '--no-progress', cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len((tmp_path / 'o' / 'sample.txt').read_text()) == 11
+
+
+def test_resume_past_iters_is_refused_without_touching_the_run(corpus, tmp_path):
+    cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'r'), **{**SMALL, 'iters': 4, 'eval_interval': 2})
+    S.run(cfg, progress=False, log=lambda *a: None)
+    before = (tmp_path / 'r' / 'config.json').read_text()
+    with pytest.raises(S.train.CheckpointError, match='past --iters'):
+        S.run(cfg._replace(iters=2), resume=True, progress=False, log=lambda *a: None)
+    assert (tmp_path / 'r' / 'config.json').read_text() == before

@@ -172,3 +172,66 @@ def test_custom_vjp_runs_user_backward():
     g = gd.grad(lambda x: T.sum(clip_grad(x) * 5.0))(np.ones(3))
     assert g.tolist() == [1.0, 1.0, 1.0] and seen
     assert clip_grad(np.ones(2)).tolist() == [1.0, 1.0]
+
+
+# --- contracts found by a newcomer's bug hunt ------------------------------------------------------------------
+
+def test_argnums_forms():
+    f = lambda a, b: T.sum(a * b * b)
+    a, b = np.full(2, 3.0), np.full(2, 2.0)
+    ga, gb = gd.grad(f, argnums=[0, 1])(a, b)                       # a list behaves as a tuple
+    assert ga.tolist() == [4, 4] and gb.tolist() == [12, 12]
+    assert gd.grad(f, argnums=-1)(a, b).tolist() == [12, 12]        # negative counts from the end
+    with pytest.raises(ValueError, match='repeated'): gd.grad(f, argnums=(0, 0))
+    with pytest.raises(ValueError, match='overlap'):
+        gd.grad(lambda n, x: T.sum(x ** n), argnums=0, static_argnums=0)(2, np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match='out of range'): gd.grad(f, argnums=2)(a, b)
+
+
+def test_keyword_arguments_are_static():
+    f = gd.value_and_grad(lambda x, scale=1.0: T.sum(x * x) * scale)
+    v, g = f(np.ones(2), scale=3.0)
+    assert v == 6 and g.tolist() == [6, 6]
+    f(np.ones(2), scale=3.0); f(np.ones(2), scale=2.0)
+    assert len(f.cache) == 2
+    with pytest.raises(TypeError, match='hashable'): f(np.ones(2), scale={'a': 1})
+
+
+def test_vjp_reads_closures_at_each_call():
+    W = np.zeros(3)
+    k = lambda x: x * W
+    gd.vjp(k, np.ones(3))
+    W = np.full(3, 4.0)
+    out, f_vjp = gd.vjp(k, np.ones(3))
+    assert out.tolist() == [4, 4, 4] and f_vjp(np.ones(3))[0].tolist() == [4, 4, 4]
+
+
+def test_vjp_accepts_python_scalar_cotangent():
+    out, f_vjp = gd.vjp(lambda x: T.sum(x * x), np.ones(2))
+    assert f_vjp(1.0)[0].tolist() == [2, 2]
+
+
+def test_custom_vjp_backward_shape_is_checked():
+    f = gd.custom_vjp(lambda x: x * 2.0)
+    f.defvjp(lambda x: (x * 2.0, None), lambda r, ct: (ct[:2],))
+    with pytest.raises(ShapeError, match='bwd returned shape'):
+        gd.grad(lambda x: T.sum(f(x)))(np.ones(3))
+
+
+def test_numpy_functions_on_tracers():
+    assert gd.grad(lambda x: np.sum(x * x))(np.ones(2)).tolist() == [2, 2]   # np.sum calls Tracer.sum
+    with pytest.raises(T.TracerError, match='gradus.tensor'):
+        gd.grad(lambda x: T.sum(np.asarray(x)))(np.ones(2))
+
+
+def test_jit_output_never_aliases_an_input():
+    x = np.zeros(3)
+    y = gd.jit(lambda x: x)(x)
+    y += 1
+    assert x.tolist() == [0, 0, 0]
+
+
+def test_check_grads_on_mixed_pytree():
+    "A dict holding both float weights and integer ids: the ids are held constant, the weights checked."
+    f = lambda p: T.sum(T.take(p['w'], p['ids'], axis=0) ** 2)
+    assert gd.check_grads(f, ({'w': rng.standard_normal((4, 2)), 'ids': np.array([0, 3, 3])},)) <= 1
