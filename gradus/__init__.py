@@ -18,7 +18,7 @@ __version__ = "0.0.1"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/index.ipynb #dfde064a
+# %% ../nbs/index.ipynb #cc77f746
 from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import TracerError

