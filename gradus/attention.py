@@ -6,7 +6,7 @@
 __all__ = ['causal_mask', 'scaled_dot_product_attention', 'rope_angles', 'apply_rope', 'attention_init', 'multi_head_attention',
            'block_init', 'transformer_block']
 
-# %% ../nbs/08_attention.ipynb #67ecb585
+# %% ../nbs/08_attention.ipynb #f0e2caa2
 import math
 import numpy as np
 from . import dtype as D
@@ -14,7 +14,7 @@ from . import tensor as T
 from . import nn
 from .shape import ShapeError
 
-# %% ../nbs/08_attention.ipynb #3b6e72d8
+# %% ../nbs/08_attention.ipynb #f22d2273
 def causal_mask(t_q, t_k=None, offset=0, window=None):
     """Boolean mask `(t_q, t_k)`: True where query `i` (at absolute position `offset + i`) may attend to key `j`
     (at position `j`): `j ≤ offset + i`, and `offset + i − j < window` when a sliding `window` is given.
@@ -27,7 +27,7 @@ def causal_mask(t_q, t_k=None, offset=0, window=None):
     m = kpos <= qpos
     return m if window is None else m & (qpos - kpos < window)
 
-# %% ../nbs/08_attention.ipynb #58725ae6
+# %% ../nbs/08_attention.ipynb #9695eb62
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None, return_weights=False):
     """`softmax(q kᵀ · scale, masked) v` (Vaswani et al. 2017). `q`: `(..., t_q, d)`, `k`: `(..., t_k, d)`,
     `v`: `(..., t_k, d_v)`, batch axes broadcast; `mask`: bool, broadcastable to `(..., t_q, t_k)`, True = attend;
@@ -43,7 +43,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, return_weights=
     out = w @ v
     return (out, w) if return_weights else out
 
-# %% ../nbs/08_attention.ipynb #316990f9
+# %% ../nbs/08_attention.ipynb #f32057c2
 def rope_angles(positions, dim, base=10000.0):
     "Angles `(len(positions), dim/2)`, float64: `p · base^(−2i/dim)`. Raises `ShapeError` for odd `dim`."
     if dim % 2: raise ShapeError(f"rope: feature size must be even, got {dim}")
@@ -63,7 +63,7 @@ def apply_rope(x, offset=0, base=10000.0, interleaved=False):
     a, b = x[..., :d // 2], x[..., d // 2:]
     return T.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
-# %% ../nbs/08_attention.ipynb #506906b6
+# %% ../nbs/08_attention.ipynb #5a3934f8
 def attention_init(key, dim, n_heads, n_kv_heads=None, head_dim=None, bias=True, dtype=np.float32):
     """Parameters of (grouped-query) self-attention: `{'wq', 'wk', 'wv', 'wo'}`, each an `nn.linear` layer.
     `head_dim` defaults to `dim // n_heads`; raises `ShapeError` if the head counts do not divide."""
@@ -103,7 +103,7 @@ def multi_head_attention(params, x, n_heads, n_kv_heads=None, mask=None, rope=Fa
     out = nn.linear(params['wo'], y)
     return (out, w) if return_weights else out
 
-# %% ../nbs/08_attention.ipynb #272333dd
+# %% ../nbs/08_attention.ipynb #e4f193a8
 def block_init(key, dim, n_heads, n_kv_heads=None, mlp_ratio=4, bias=True, dtype=np.float32):
     "Parameters of a pre-LN block: `ln1`, `attn` (`attention_init`), `ln2`, `mlp` (`fc`: dim→ratio·dim, `proj`: back)."
     ka, kf, kp = nn.split(key, 3)
@@ -113,9 +113,13 @@ def block_init(key, dim, n_heads, n_kv_heads=None, mlp_ratio=4, bias=True, dtype
             'mlp': {'fc': nn.linear_init(kf, dim, mlp_ratio * dim, bias, w, dtype),
                     'proj': nn.linear_init(kp, mlp_ratio * dim, dim, bias, w, dtype)}}
 
-def transformer_block(params, x, n_heads, n_kv_heads=None, mask=None, rope=False, offset=0):
+def transformer_block(params, x, n_heads, n_kv_heads=None, mask=None, rope=False, offset=0, dropout=0.0, key=None):
     """Pre-LayerNorm transformer block (GPT-2 layout): `x + attn(LN(x))`, then `x + proj(gelu(fc(LN(x))))`.
-    `x`: `(batch, t, dim)`; returns the same shape."""
-    x = x + multi_head_attention(params['attn'], nn.layer_norm(params['ln1'], x), n_heads, n_kv_heads, mask, rope, offset)
+    `x`: `(batch, t, dim)`; returns the same shape. With `dropout > 0` and a `key`, each branch's output is dropped
+    out before it joins the residual stream (nanoGPT's `resid_dropout`)."""
+    k1, k2 = nn.split(key, 2) if dropout and key is not None else (None, None)
+    drop = lambda k, y: nn.dropout(k, y, dropout, True) if k is not None else y
+    a = multi_head_attention(params['attn'], nn.layer_norm(params['ln1'], x), n_heads, n_kv_heads, mask, rope, offset)
+    x = x + drop(k1, a)
     h = T.gelu(nn.linear(params['mlp']['fc'], nn.layer_norm(params['ln2'], x)))
-    return x + nn.linear(params['mlp']['proj'], h)
+    return x + drop(k2, nn.linear(params['mlp']['proj'], h))

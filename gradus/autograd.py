@@ -7,7 +7,7 @@ __all__ = ['TreeDef', 'tree_flatten', 'tree_unflatten', 'tree_leaves', 'tree_map
            'Lit', 'Eqn', 'Graph', 'Trace', 'trace', 'dce', 'Compiled', 'compile_graph', 'eval_graph', 'value_and_grad',
            'grad', 'jit', 'partial_eval', 'vjp', 'jvp', 'custom_vjp', 'GradCheckError', 'check_grads', 'show_code']
 
-# %% ../nbs/03_autograd.ipynb #5816a6a2
+# %% ../nbs/03_autograd.ipynb #3d856661
 import inspect, keyword, math
 from typing import NamedTuple
 import numpy as np
@@ -17,7 +17,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, TracerError, Primitive
 
-# %% ../nbs/03_autograd.ipynb #dbf31370
+# %% ../nbs/03_autograd.ipynb #6c905feb
 class TreeDef(NamedTuple):
     "A pytree's structure: `kind` ('leaf', 'none', 'tuple', 'list', 'dict', 'namedtuple'), `meta` (dict keys or the NamedTuple class), `children`."
     kind: str
@@ -94,7 +94,7 @@ def keystr(path):
     "A path as dotted text, e.g. `('blocks', 0, 'attn', 'wq')` -> `'blocks.0.attn.wq'`."
     return '.'.join(map(str, path))
 
-# %% ../nbs/03_autograd.ipynb #0ac5ad34
+# %% ../nbs/03_autograd.ipynb #de9e666c
 _SHORT = {'float64': 'f64', 'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16', 'int32': 'i32', 'int64': 'i64', 'bool': 'bool'}
 def _aval_str(shape, dtype): return f"{_SHORT.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
 
@@ -153,7 +153,7 @@ class Graph:
         lines.append('  in (' + ', '.join(map(a, self.outs)) + ') }')
         return '\n'.join(lines)
 
-# %% ../nbs/03_autograd.ipynb #26e3811e
+# %% ../nbs/03_autograd.ipynb #2382d79f
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
     _counter = 0
@@ -188,8 +188,6 @@ class Trace:
         "The graph with this trace's inputs, then its captures, as inputs; `outs` are tracers or constants."
         return Graph(self.ins + [v for _, v in self.captures.values()], self.eqns, [self.atom(o) for o in outs])
 
-def _weak(x): return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
-
 def _avals(leaves): return [(tuple(np.shape(x)), x.dtype) for x in leaves]
 
 def _as_leaf(x):
@@ -213,7 +211,7 @@ def _trace_flat(f, in_td, avals, extra=None):
         outs = list(out_leaves) + (list(extra(t, ins, out_leaves)) if extra else [])
         return t.graph(outs), out_td, len(out_leaves), [x for x, _ in t.captures.values()]
 
-# %% ../nbs/03_autograd.ipynb #05f08664
+# %% ../nbs/03_autograd.ipynb #5a99c7eb
 def _backward(t, ins, diff, outs, cts):
     """Append to trace `t` the backward equations of everything recorded so far. `ins`: input tracers, `diff`: which
     get gradients, `outs`: output leaves, `cts`: their cotangents. Returns one gradient per differentiated input."""
@@ -235,7 +233,7 @@ def _backward(t, ins, diff, outs, cts):
             if c is not None and isinstance(v, Var) and v.n in active: accumulate(v, c)
     return [ct.get(x.var.n, np.zeros(x.shape, x.dtype)) if d else None for x, d in zip(ins, diff)]
 
-# %% ../nbs/03_autograd.ipynb #3ebc20e3
+# %% ../nbs/03_autograd.ipynb #d1ffc656
 def dce(g):
     "The graph `g` without equations whose outputs no output depends on."
     live = {o.n for o in g.outs if isinstance(o, Var)}
@@ -245,7 +243,7 @@ def dce(g):
             kept.append(e); live.update(v.n for v in e.ins if isinstance(v, Var))
     return Graph(g.ins, kept[::-1], g.outs)
 
-# %% ../nbs/03_autograd.ipynb #82397974
+# %% ../nbs/03_autograd.ipynb #2f4dc383
 def _scalar_src(v):
     t = 'bool' if v.dtype == D.bool_ else v.dtype.name
     if v.dtype == D.bool_: return repr(bool(v))
@@ -307,7 +305,7 @@ def eval_graph(g, args):
     for e in g.eqns: env[e.out.n] = e.prim.bind(*map(read, e.ins), **e.params)
     return [read(o) for o in g.outs]
 
-# %% ../nbs/03_autograd.ipynb #dfd7a90c
+# %% ../nbs/03_autograd.ipynb #b5cb6d0b
 class _Entry:
     "One signature's graph, its compiled function (None when it captures outer tracers), and how to shape its outputs."
     def __init__(self, graph, post, captured, name):
@@ -315,9 +313,12 @@ class _Entry:
         self.compiled = None if captured else compile_graph(graph, name)
     source = property(lambda self: self.compiled.source if self.compiled else repr(self.graph))
     def __call__(self, leaves):
-        if self.captured or not all(type(x) is np.ndarray for x in leaves):  # tracers: replay on the outer trace
-            return self.post(eval_graph(self.graph, list(leaves) + self.captured))
-        return self.post(self.compiled.fn(*leaves))
+        return self.post(_run(self.graph, self.compiled, list(leaves) + self.captured))
+
+def _run(graph, compiled, args):
+    "Run `graph` on `args`: its compiled function on arrays; replayed (inlined) when any argument is a tracer."
+    if compiled is None or not all(type(x) is np.ndarray for x in args): return eval_graph(graph, args)
+    return compiled.fn(*args)
 
 class _Transformed:
     """`f` under a transform: `build(fn, treedef, avals, f) -> (graph, post, captured)` makes the graph for one
@@ -387,7 +388,7 @@ def _diff_mask(td, avals, argnums, f):
         diff += [i in argnums] * c.num_leaves; k += c.num_leaves
     return diff
 
-# %% ../nbs/03_autograd.ipynb #76414cb3
+# %% ../nbs/03_autograd.ipynb #dd4f6b5b
 def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns `(value, aux)`
     and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple of them when `argnums` is a
@@ -432,7 +433,7 @@ def grad(f, argnums=0, has_aux=False, static_argnums=()):
     g.lower, g.__wrapped__, g.__name__ = vg.lower, f, f"grad({_fname(f)})"
     return g
 
-# %% ../nbs/03_autograd.ipynb #f537a71e
+# %% ../nbs/03_autograd.ipynb #81d655de
 def jit(f, static_argnums=()):
     "Compile `f` (a function of pytrees of arrays) once per argument signature; returns the same pytree `f` returns."
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -441,7 +442,7 @@ def jit(f, static_argnums=()):
         return dce(graph), lambda outs: tree_unflatten(out_td, outs), captured
     return _Transformed(f, 'jit', build, static)
 
-# %% ../nbs/03_autograd.ipynb #831c85ef
+# %% ../nbs/03_autograd.ipynb #291ae5aa
 def partial_eval(g, known_ins):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into `(fwd, bwd)`:
     `fwd` maps the known inputs to the known outputs plus the residuals; `bwd` maps residuals + unknown inputs to
@@ -480,21 +481,17 @@ class _VJPEntry:
         self.bwd_c = None if captured else compile_graph(self.bwd, 'vjp_bwd')
     source = property(lambda self: f"{self.fwd_c.source}\n\n{self.bwd_c.source}" if self.fwd_c else f"{self.fwd}\n{self.bwd}")
 
-    def run(self, graph, compiled, args):
-        if compiled is None or any(isinstance(a, Tracer) for a in args): return eval_graph(graph, args)
-        return compiled.fn(*args)
-
     def __call__(self, leaves):
-        res = self.run(self.fwd, self.fwd_c, list(leaves) + self.captured)
+        res = _run(self.fwd, self.fwd_c, list(leaves) + self.captured)
         out, residuals = res[:self.n_out], res[self.n_out:]
         def vjp_fn(ct):
             ct_leaves, ct_td = tree_flatten(ct)
             if ct_td != self.out_td: raise ShapeError(f"vjp: cotangent structure {ct_td} does not match output {self.out_td}")
-            ct_leaves = [np.asarray(c, dt) if _weak(c) else _as_leaf(c) for c, (_, dt) in zip(ct_leaves, self.out_avals)]
+            ct_leaves = [np.asarray(c, dt) if D._weak_kind(c) is not None else _as_leaf(c) for c, (_, dt) in zip(ct_leaves, self.out_avals)]
             for c, (shape, dt) in zip(ct_leaves, self.out_avals):
                 if tuple(np.shape(c)) != tuple(shape): raise ShapeError(f"vjp: cotangent shape {tuple(np.shape(c))} for output {tuple(shape)}")
                 if c.dtype != dt: raise DTypeError(f"vjp: cotangent dtype {c.dtype} for output of dtype {dt}")
-            it = iter(self.run(self.bwd, self.bwd_c, list(residuals) + ct_leaves))
+            it = iter(_run(self.bwd, self.bwd_c, list(residuals) + ct_leaves))
             flat = [next(it) if d else None for d in self.diff]
             return tuple(tree_unflatten(c, flat[k:k + c.num_leaves]) for c, k in
                          zip(self.in_td.children, np.cumsum([0] + [c.num_leaves for c in self.in_td.children])))
@@ -509,7 +506,7 @@ def vjp(f, *primals):
     leaves = [_as_leaf(x) for x in leaves]
     return _VJPEntry(f, td, _avals(leaves))(leaves)
 
-# %% ../nbs/03_autograd.ipynb #8c83df1a
+# %% ../nbs/03_autograd.ipynb #06fbc820
 def _double_vjp(f):
     def pushforward(primals, tangents):
         out, f_vjp = vjp(f, *primals)
@@ -526,7 +523,7 @@ def jvp(f, primals, tangents):
         if np.shape(p) != np.shape(t): raise ShapeError(f"jvp: tangent shape {np.shape(t)} for primal {np.shape(p)}")
     return jit(_double_vjp(f))(tuple(primals), tuple(tangents))
 
-# %% ../nbs/03_autograd.ipynb #1436b9f5
+# %% ../nbs/03_autograd.ipynb #7386f510
 def _custom_call_vjp(ct, out, *ins, n_args, args_tree, res_tree, bwd):
     res = tree_unflatten(res_tree, ins[n_args:-1])
     cts = bwd(res, ct)
@@ -558,7 +555,7 @@ class custom_vjp:
         return _custom_vjp_call_p.bind(*leaves, *res_leaves, out, n_args=len(leaves), args_tree=args_tree,
                                        res_tree=res_tree, bwd=self.bwd)
 
-# %% ../nbs/03_autograd.ipynb #f9bb6e87
+# %% ../nbs/03_autograd.ipynb #abdf3f8d
 class GradCheckError(AssertionError):
     "A generated derivative that disagrees with finite differences; the message names the worst element."
 
@@ -609,7 +606,7 @@ def check_grads(f, args, order=1, eps=1e-6, atol=1e-6, rtol=1e-5, max_elements=6
         worst = (max(worst[0], check_grads(g1, floats, order - 1, eps, atol * 10, rtol * 10, max_elements, seed)), None)
     return worst[0]
 
-# %% ../nbs/03_autograd.ipynb #2fc655e5
+# %% ../nbs/03_autograd.ipynb #7cea2870
 def show_code(f, *args):
     "The generated source that computes `f` (a transformed function, or a plain one: its vjp halves) at `args`."
     if hasattr(f, 'lower'): return f.lower(*args)[0].source

@@ -5,17 +5,18 @@
 # %% auto #0
 __all__ = ['GPTConfig', 'init', 'num_params', 'apply', 'generate']
 
-# %% ../nbs/12_models.ipynb #60cdb61c
+# %% ../nbs/12_models.ipynb #0ba46f63
 import math
 from typing import NamedTuple
 import numpy as np
+import gradus as gd
 from . import tensor as T
 from . import nn
 from .attention import block_init, transformer_block, causal_mask
 from .shape import ShapeError
 from .dtype import DTypeError
 
-# %% ../nbs/12_models.ipynb #804c38e9
+# %% ../nbs/12_models.ipynb #49ff352a
 class GPTConfig(NamedTuple):
     "Hyperparameters of a GPT (Radford et al. 2019 layout, nanoGPT naming). Hashable, so it can be a static argument."
     vocab_size: int
@@ -26,7 +27,7 @@ class GPTConfig(NamedTuple):
     dropout: float = 0.0
     bias: bool = True
 
-# %% ../nbs/12_models.ipynb #1360be2c
+# %% ../nbs/12_models.ipynb #b2923d11
 def init(key, config):
     """Parameters of a GPT for `config` (float32): `{'wte': (vocab, n_embd), 'wpe': (block_size, n_embd),
     'blocks': [n_layer block dicts], 'ln_f': {'scale', 'bias'}}`. Raises `ShapeError` if `n_embd % n_head`."""
@@ -43,13 +44,12 @@ def init(key, config):
     return {'wte': nn.normal(k_te, (c.vocab_size, c.n_embd), 0.02), 'wpe': nn.normal(k_pe, (c.block_size, c.n_embd), 0.02),
             'blocks': blocks, 'ln_f': nn.layer_norm_init(c.n_embd, c.bias)}
 
-def num_params(params, config=None, non_embedding=True):
+def num_params(params, non_embedding=True):
     "Number of parameters; with `non_embedding`, without the position embedding (nanoGPT's convention)."
-    import gradus as gd
     n = sum(int(np.size(p)) for p in gd.tree_leaves(params))
     return n - int(np.size(params['wpe'])) if non_embedding else n
 
-# %% ../nbs/12_models.ipynb #6427fbd6
+# %% ../nbs/12_models.ipynb #43e20e33
 def apply(params, tokens, config, key=None, training=False):
     """Logits `(batch, t, vocab_size)` (float32) of a GPT for integer `tokens` `(batch, t)`, `t ≤ block_size`.
     Raises `ShapeError` for a too-long or non-2-D input, `DTypeError` for non-integer tokens."""
@@ -59,30 +59,20 @@ def apply(params, tokens, config, key=None, training=False):
     b, t = tokens.shape
     if t > c.block_size: raise ShapeError(f"GPT: sequence length {t} exceeds block_size {c.block_size}")
     drop = training and c.dropout > 0
-    keys = list(nn.split(key, 1 + 2 * c.n_layer)) if drop else [None] * (1 + 2 * c.n_layer)
+    keys = list(nn.split(key, 1 + c.n_layer)) if drop else [None] * (1 + c.n_layer)
     x = T.take(params['wte'], tokens, axis=0) + params['wpe'][:t]
     if drop: x = nn.dropout(keys[0], x, c.dropout, True)
     mask = causal_mask(t)
-    for i, blk in enumerate(params['blocks']):
-        x = transformer_block(blk, x, c.n_head, mask=mask) if not drop else \
-            _block_dropout(blk, x, c, mask, keys[1 + 2 * i], keys[2 + 2 * i])
+    for blk, k in zip(params['blocks'], keys[1:]):
+        x = transformer_block(blk, x, c.n_head, mask=mask, dropout=c.dropout if drop else 0.0, key=k)
     x = nn.layer_norm(params['ln_f'], x)
     return x @ params['wte'].T
 
-def _block_dropout(blk, x, c, mask, k1, k2):
-    "The block with dropout on both residual branches (nanoGPT's `resid_dropout`)."
-    from gradus.attention import multi_head_attention
-    a = multi_head_attention(blk['attn'], nn.layer_norm(blk['ln1'], x), c.n_head, mask=mask)
-    x = x + nn.dropout(k1, a, c.dropout, True)
-    h = T.gelu(nn.linear(blk['mlp']['fc'], nn.layer_norm(blk['ln2'], x)))
-    return x + nn.dropout(k2, nn.linear(blk['mlp']['proj'], h), c.dropout, True)
-
-# %% ../nbs/12_models.ipynb #d7308509
+# %% ../nbs/12_models.ipynb #33fa5cb6
 def generate(params, config, prompt, n_new, key, temperature=1.0, top_k=None):
     """Append `n_new` sampled tokens to `prompt` (1-D int array); returns the whole sequence (int64).
     Sampling: logits / `temperature`, restricted to the `top_k` most likely, drawn with `nn.rng(key)`.
     Raises `ValueError` for a non-positive temperature or top_k, or an empty prompt."""
-    import gradus as gd
     if temperature <= 0: raise ValueError(f"generate: temperature must be > 0, got {temperature}")
     if top_k is not None and top_k < 1: raise ValueError(f"generate: top_k must be >= 1, got {top_k}")
     seq = np.asarray(prompt, dtype=np.int64).reshape(-1)
