@@ -6,7 +6,7 @@ from gradus.shape import ShapeError
 from gradus.tensor import TracerError
 from gradus.autograd import (grad, value_and_grad, vjp, jvp, jit, custom_vjp, check_grads, GradCheckError, trace,
                              show_code, tree_flatten, tree_unflatten, tree_map, tree_leaves, tree_flatten_with_path,
-                             keystr)
+                             keystr, tree_to_dict, tree_from_dict)
 from gradus import tensor
 ```"""
 
@@ -24,5 +24,5 @@ from .shape import ShapeError
 from .tensor import TracerError
 from .autograd import (grad, value_and_grad, vjp, jvp, jit, custom_vjp, check_grads, GradCheckError, trace,
                              show_code, tree_flatten, tree_unflatten, tree_map, tree_leaves, tree_flatten_with_path,
-                             keystr)
+                             keystr, tree_to_dict, tree_from_dict)
 from . import tensor

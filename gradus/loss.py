@@ -7,7 +7,6 @@ __all__ = ['mse', 'cross_entropy', 'binary_cross_entropy_with_logits']
 
 # %% ../nbs/04_loss.ipynb #19f85338
 import numpy as np
-import gradus as gd
 from . import tensor as T
 from . import dtype as D
 from .dtype import DTypeError

@@ -3,8 +3,8 @@ random JSON headers. Every case must end in a result or `FormatError`, quickly, 
 import json, struct, sys, time, tracemalloc
 from pathlib import Path
 import numpy as np, pytest
-from gradus import storage
-from gradus.storage import FormatError
+from gradus import gguf as G, safetensors as st
+from gradus.safetensors import FormatError
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
 
@@ -23,11 +23,11 @@ def check(p, reader):
     t0 = time.perf_counter()
     try:
         g = reader(p)
-        if isinstance(g, storage.GGUFFile):
+        if isinstance(g, G.GGUFFile):
             for name in g.tensors:
                 try: g.dequantize(name)
                 except FormatError: pass
-            storage.manifest(p, **CAPS)
+            G.manifest(p, **CAPS)
         ok = 1
     except FormatError: ok = 0
     assert time.perf_counter() - t0 < 2.0, f"case took {time.perf_counter() - t0:.2f} s"
@@ -52,14 +52,14 @@ def test_fuzz_gguf(tmp_path):
     base = base_gguf()
     p = tmp_path / 'f.gguf'
     p.write_bytes(base)
-    g = storage.open_gguf(p, **CAPS)
+    g = G.open_gguf(p, **CAPS)
     for name in g.tensors: g.dequantize(name)                          # warm-up: numba compile/cache load is not timed
-    assert check(p, lambda q: storage.open_gguf(q, **CAPS)) == 1       # the unmutated file is admitted
+    assert check(p, lambda q: G.open_gguf(q, **CAPS)) == 1       # the unmutated file is admitted
     rng = np.random.default_rng(1234)
     admitted = 0
     for blob in mutations(base, rng, 3000):
         p.write_bytes(blob)
-        admitted += check(p, lambda q: storage.open_gguf(q, **CAPS))
+        admitted += check(p, lambda q: G.open_gguf(q, **CAPS))
     assert 0 < admitted < 3000          # both outcomes happen: the mutator reaches past the first check
 
 def test_fuzz_gguf_allocation_bounded(tmp_path):
@@ -73,15 +73,15 @@ def test_fuzz_gguf_allocation_bounded(tmp_path):
             for v in (1 << 40, 1 << 60, (1 << 64) - 1):
                 b = bytearray(base); b[j:j + 8] = struct.pack('<Q', v); p.write_bytes(bytes(b))
                 tracemalloc.reset_peak()
-                check(p, lambda q: storage.open_gguf(q, **CAPS))
+                check(p, lambda q: G.open_gguf(q, **CAPS))
                 assert tracemalloc.get_traced_memory()[1] < 4 * CAPS['max_read'], (j, v)
     finally: tracemalloc.stop()
 
 def st_base(tmp_path):
     rng = np.random.default_rng(0)
     p = tmp_path / 'b.safetensors'
-    storage.save_safetensors(p, {'a': rng.standard_normal((3, 4)).astype(np.float32), 'b': [np.arange(5, dtype=np.int64)],
-                                 'c': np.ones(3, np.float16)}, metadata={'k': 'v'})
+    st.save_safetensors(p, {'a': rng.standard_normal((3, 4)).astype(np.float32), 'b.0': np.arange(5, dtype=np.int64),
+                            'c': np.ones(3, np.float16)}, metadata={'k': 'v'})
     return p.read_bytes()
 
 def random_json(rng, depth=0):
@@ -103,7 +103,7 @@ def test_fuzz_safetensors(tmp_path):
     admitted = 0
     for blob in mutations(base, rng, 2000):
         p.write_bytes(blob)
-        admitted += check(p, storage.load_safetensors)
+        admitted += check(p, st.load_safetensors)
     assert 0 < admitted < 2000
     for i in range(1000):            # structurally random headers
         hdr = {'w': {'dtype': random_json(rng), 'shape': random_json(rng), 'data_offsets': random_json(rng)}}
@@ -111,4 +111,4 @@ def test_fuzz_safetensors(tmp_path):
         if i % 5 == 0: hdr = {'w': {'dtype': 'F32', 'shape': [int(rng.integers(0, 4))], 'data_offsets': [int(rng.integers(-1, 12)), int(rng.integers(0, 20))]}}
         h = json.dumps(hdr).encode()
         p.write_bytes(struct.pack('<Q', len(h)) + h + bytes(int(rng.integers(0, 24))))
-        check(p, storage.load_safetensors)
+        check(p, st.load_safetensors)

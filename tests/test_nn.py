@@ -3,34 +3,34 @@ import math
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import nn
+from gradus import nn, random
 from gradus import tensor as T
 from gradus.dtype import DTypeError
 from gradus.shape import ShapeError
 
 
 def test_keys_reproducible_and_distinct():
-    k = nn.key(7)
-    assert k.dtype == np.uint64 and k.shape == (2,) and np.array_equal(k, nn.key(7))
-    assert not np.array_equal(nn.key(7), nn.key(8))
-    ks = nn.split(k, 100)
+    k = random.key(7)
+    assert k.dtype == np.uint64 and k.shape == (2,) and np.array_equal(k, random.key(7))
+    assert not np.array_equal(random.key(7), random.key(8))
+    ks = random.split(k, 100)
     assert ks.shape == (100, 2) and len({tuple(r) for r in ks}) == 100
-    assert np.array_equal(nn.split(k, 5), nn.split(k, 5)) and np.array_equal(nn.split(k, 5)[:3], nn.split(k, 3))
-    folded = {tuple(nn.fold_in(k, i)) for i in range(100)}
+    assert np.array_equal(random.split(k, 5), random.split(k, 5)) and np.array_equal(random.split(k, 5)[:3], random.split(k, 3))
+    folded = {tuple(random.fold_in(k, i)) for i in range(100)}
     assert len(folded) == 100 and not folded & {tuple(r) for r in ks}
-    a = nn.rng(k).standard_normal(5)
-    assert np.array_equal(a, nn.rng(k).standard_normal(5))
+    a = random.rng(k).standard_normal(5)
+    assert np.array_equal(a, random.rng(k).standard_normal(5))
 
 
 def test_key_errors():
     for bad in (-1, 1.5, True, '3'):
-        with pytest.raises((TypeError, ValueError)): nn.key(bad)
-    with pytest.raises(TypeError, match="uint64"): nn.split(np.array([1, 2]))
-    with pytest.raises(ValueError): nn.split(nn.key(0), 0)
+        with pytest.raises((TypeError, ValueError)): random.key(bad)
+    with pytest.raises(TypeError, match="uint64"): random.split(np.array([1, 2]))
+    with pytest.raises(ValueError): random.split(random.key(0), 0)
 
 
 def test_initialiser_statistics():
-    k = nn.key(0)
+    k = random.key(0)
     w = nn.he_normal(k, (1000, 500), dtype=np.float64)
     assert abs(w.std() / math.sqrt(2 / 1000) - 1) < 0.01 and abs(w.mean()) < 1e-3
     u = nn.glorot_uniform(k, (300, 100), dtype=np.float64)
@@ -47,17 +47,17 @@ def test_initialiser_statistics():
 
 
 def test_linear():
-    p = nn.linear_init(nn.key(1), 3, 4, dtype=np.float64)
+    p = nn.linear_init(random.key(1), 3, 4, dtype=np.float64)
     p['b'] = np.arange(4.0)
     x = np.random.default_rng(0).standard_normal((5, 3))
     np.testing.assert_allclose(nn.linear(p, x), x @ p['w'] + p['b'], rtol=1e-15)
     gd.check_grads(nn.linear, (p, x))
-    assert set(nn.linear_init(nn.key(1), 3, 4, bias=False)) == {'w'}
+    assert set(nn.linear_init(random.key(1), 3, 4, bias=False)) == {'w'}
     with pytest.raises(ShapeError, match="in_features=3"): nn.linear(p, np.zeros((5, 4)))
 
 
 def test_embedding():
-    p = nn.embedding_init(nn.key(2), 10, 4, dtype=np.float64)
+    p = nn.embedding_init(random.key(2), 10, 4, dtype=np.float64)
     ids = np.array([[1, 1, 9], [0, 3, 1]])
     np.testing.assert_array_equal(nn.embedding(p, ids), p['w'][ids])
     gd.check_grads(lambda p: nn.embedding(p, ids), (p,))
@@ -96,21 +96,21 @@ def test_rms_norm_oracle_and_grads():
 
 def test_dropout():
     x = np.ones((200, 500), np.float32)
-    y = nn.dropout(nn.key(0), x, 0.25, True)
+    y = nn.dropout(random.key(0), x, 0.25, True)
     assert y.dtype == np.float32 and abs(np.mean(y == 0) - 0.25) < 0.01 and abs(y.mean() - 1) < 0.02
     assert set(np.unique(y)) == {0.0, np.float32(1 / 0.75)}
-    assert nn.dropout(nn.key(0), x, 0.25, False) is x and nn.dropout(nn.key(0), x, 0.0, True) is x
+    assert nn.dropout(random.key(0), x, 0.25, False) is x and nn.dropout(random.key(0), x, 0.0, True) is x
     for bad in (1.0, -0.1, 'a'):
-        with pytest.raises(ValueError): nn.dropout(nn.key(0), x, bad, True)
+        with pytest.raises(ValueError): nn.dropout(random.key(0), x, bad, True)
     f = gd.jit(lambda k, x: nn.dropout(k, x, 0.5, True))
-    a, b = f(nn.key(1), x[:4]), f(nn.key(2), x[:4])
-    assert not np.array_equal(a, b) and np.array_equal(a, nn.dropout(nn.key(1), x[:4], 0.5, True))
+    a, b = f(random.key(1), x[:4]), f(random.key(2), x[:4])
+    assert not np.array_equal(a, b) and np.array_equal(a, nn.dropout(random.key(1), x[:4], 0.5, True))
     xs = np.random.default_rng(0).standard_normal((3, 4))
-    gd.check_grads(lambda x: nn.dropout(nn.key(5), x, 0.3, True), (xs,))
+    gd.check_grads(lambda x: nn.dropout(random.key(5), x, 0.3, True), (xs,))
 
 
 def test_mlp():
-    p = nn.mlp_init(nn.key(0), [3, 5, 4, 2], dtype=np.float64)
+    p = nn.mlp_init(random.key(0), [3, 5, 4, 2], dtype=np.float64)
     assert [q['w'].shape for q in p] == [(3, 5), (5, 4), (4, 2)]
     x = np.random.default_rng(1).standard_normal((7, 3))
     h = x
@@ -119,4 +119,4 @@ def test_mlp():
         if i < 2: h = np.tanh(h)
     np.testing.assert_allclose(nn.mlp(p, x, T.tanh), h, rtol=1e-13)
     gd.check_grads(lambda p, x: nn.mlp(p, x, T.tanh), (p, x))
-    with pytest.raises(ValueError): nn.mlp_init(nn.key(0), [3])
+    with pytest.raises(ValueError): nn.mlp_init(random.key(0), [3])

@@ -87,11 +87,11 @@ def test_cli_end_to_end(corpus, tmp_path):
 
 def test_dropout_trains_through_a_traced_key(corpus, tmp_path):
     "With dropout the model splits the step's key inside the compiled step; two keys give two different masks."
-    from gradus import models, nn, loss as L
-    c = models.GPTConfig(10, 8, 1, 2, 16, dropout=0.1)
-    p, x = models.init(nn.key(0), c), np.zeros((2, 8), np.int64)
-    g = gd.value_and_grad(lambda p, k: L.cross_entropy(models.apply(p, x, c, key=k, training=True), x))
-    (v1, g1), (v2, _), (v3, g3) = g(p, nn.key(1)), g(p, nn.key(2)), g(p, nn.key(1))
+    from gradus import gpt, random, loss as L
+    c = gpt.GPTConfig(10, 8, 1, 2, 16, dropout=0.1)
+    p, x = gpt.init(random.key(0), c), np.zeros((2, 8), np.int64)
+    g = gd.value_and_grad(lambda p, k: L.cross_entropy(gpt.apply(p, x, c, key=k, training=True), x))
+    (v1, g1), (v2, _), (v3, g3) = g(p, random.key(1)), g(p, random.key(2)), g(p, random.key(1))
     assert v1 != v2 and v1 == v3 and all(np.array_equal(a, b) for a, b in zip(gd.tree_leaves(g1), gd.tree_leaves(g3)))
     cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'd'), **{**SMALL, 'iters': 6, 'eval_interval': 3, 'dropout': 0.2})
     state, records = S.run(cfg, progress=False, log=lambda *a: None)

@@ -2,7 +2,7 @@
 import os
 from pathlib import Path
 import numpy as np, pytest
-from gradus import storage, tokenizer
+from gradus import gguf as G, tokenizer
 from gradus.tokenizer import CharTokenizer, TokenizerError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,14 +16,14 @@ def shakespeare():
 
 @pytest.fixture(scope='module')
 def tok():
-    try: path = storage.smollm2_path()
+    try: path = G.smollm2_path()
     except FileNotFoundError as e: pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
-    return tokenizer.from_gguf(storage.open_gguf(path))
+    return tokenizer.from_gguf(G.open_gguf(path))
 
 @pytest.fixture(scope='module')
 def hf(tok):
     from tokenizers import Tokenizer, models, pre_tokenizers, AddedToken
-    merges = [tuple(m.split(' ')) for m in storage.open_gguf(storage.smollm2_path()).metadata['tokenizer.ggml.merges']]
+    merges = [tuple(m.split(' ')) for m in G.open_gguf(G.smollm2_path()).metadata['tokenizer.ggml.merges']]
     t = Tokenizer(models.BPE({s: i for i, s in enumerate(tok.tokens)}, merges))
     t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])

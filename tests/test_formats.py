@@ -1,11 +1,13 @@
-"Storage: safetensors against the `safetensors` package, GGUF admission against gguf-py, dequantization bit-for-bit."
+"File formats: safetensors against the `safetensors` package, GGUF admission against gguf-py, dequantization bit-for-bit."
 import json, os, struct, subprocess, sys
 from pathlib import Path
 import numpy as np, ml_dtypes, pytest
 import gguf, safetensors, safetensors.numpy
 from gguf import GGMLQuantizationType as GQ
-from gradus import storage
-from gradus.storage import FormatError, GGMLType, BLOCK
+from gradus import gguf as G, quants as Q, safetensors as st
+from gradus.autograd import tree_to_dict, tree_from_dict
+from gradus.safetensors import FormatError
+from gradus.quants import GGMLType, BLOCK
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
 
@@ -13,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope='module')
 def smollm2():
-    try: return storage.smollm2_path()
+    try: return G.smollm2_path()
     except FileNotFoundError as e: pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
 
 # ---------- block tables and dequantization ----------
@@ -39,46 +41,46 @@ def finite_blocks(t, n, seed):
 def test_dequantize_bit_identical_to_gguf(t, seed):
     b = finite_blocks(t, 777, seed)
     theirs = gguf.quants.dequantize(b, GQ(int(t))).reshape(-1).astype(np.float32).view(np.uint32)
-    assert np.array_equal(storage.dequantize(b, t).view(np.uint32), theirs)
-    assert np.array_equal(storage.dequantize_ref(b, t).view(np.uint32), theirs)
+    assert np.array_equal(Q.dequantize(b, t).view(np.uint32), theirs)
+    assert np.array_equal(Q.dequantize_ref(b, t).view(np.uint32), theirs)
 
-@pytest.mark.parametrize('t', list(storage.DEQUANT_KERNEL), ids=lambda t: t.name)
+@pytest.mark.parametrize('t', list(Q.DEQUANT_KERNEL), ids=lambda t: t.name)
 def test_kernel_equals_reference_on_arbitrary_bytes(t):
     b = np.random.default_rng(5).integers(0, 256, (4096, BLOCK[t][1]), dtype=np.uint8)
     with np.errstate(all='ignore'):
-        k, r = storage.dequantize(b, t), storage.dequantize_ref(b, t)
+        k, r = Q.dequantize(b, t), Q.dequantize_ref(b, t)
     nan = np.isnan(r)
     assert np.array_equal(np.isnan(k), nan)
     assert np.array_equal(k[~nan].view(np.uint32), r[~nan].view(np.uint32))
 
 def test_dequantize_rejects_partial_blocks_and_unknown_types():
-    with pytest.raises(FormatError, match='whole number'): storage.dequantize(np.zeros(35, np.uint8), GGMLType.Q8_0)
-    with pytest.raises(FormatError, match='no decoder'): storage.dequantize(np.zeros(84, np.uint8), GGMLType.Q2_K)
-    with pytest.raises(FormatError, match='unknown'): storage.dequantize(np.zeros(8, np.uint8), 99)
+    with pytest.raises(FormatError, match='whole number'): Q.dequantize(np.zeros(35, np.uint8), GGMLType.Q8_0)
+    with pytest.raises(FormatError, match='no decoder'): Q.dequantize(np.zeros(84, np.uint8), GGMLType.Q2_K)
+    with pytest.raises(FormatError, match='unknown'): Q.dequantize(np.zeros(8, np.uint8), 99)
 
 @pytest.mark.parametrize('t', [GGMLType.Q8_0, GGMLType.Q4_0], ids=lambda t: t.name)
 def test_quantize_equals_gguf(t):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((2048, 32)) * rng.uniform(0, 5, (2048, 1))).astype(np.float32)
     x[0] = 0; x[1, 3] = -7.5; x[2] = 1e-30
-    ours = storage.quantize(x, t)
+    ours = Q.quantize(x, t)
     assert np.array_equal(ours, gguf.quants.quantize(x, GQ(int(t))))
 
-@pytest.mark.parametrize('t', storage.MATVEC_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('t', Q.MATVEC_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize('shape', [(1, 32), (7, 64), (300, 576)])
 def test_qmatvec_matches_dequantize_then_matmul(t, shape):
     rng = np.random.default_rng(shape[0])
     n_out, n_in = shape
     blocks = finite_blocks(t, n_out * n_in // 32, 3).reshape(n_out, -1)
     x = rng.standard_normal(n_in).astype(np.float32)
-    W = storage.dequantize_ref(blocks, t).reshape(n_out, n_in).astype(np.float64)
-    y = storage.qmatvec(blocks, t, x)
+    W = Q.dequantize_ref(blocks, t).reshape(n_out, n_in).astype(np.float64)
+    y = Q.qmatvec(blocks, t, x)
     assert y.dtype == np.float32 and y.shape == (n_out,)
     assert np.all(np.abs(y - W @ x) <= 1e-5 * (np.abs(W) @ np.abs(x)) + 1e-30)
 
 def test_qmatvec_errors():
-    with pytest.raises(ValueError): storage.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
-    with pytest.raises(FormatError): storage.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros(256, np.float32))
+    with pytest.raises(ValueError): Q.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
+    with pytest.raises(FormatError): Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros(256, np.float32))
 
 # ---------- GGUF admission ----------
 ALL_SPECS = [(f't_{t.name}', [2 * BLOCK[t][0] * (1 if BLOCK[t][0] > 1 else 16), 3], int(t), BLOCK[t][1], BLOCK[t][0]) for t in DEQ_TYPES]
@@ -94,7 +96,7 @@ def every_type_file(tmp_path):
     return p
 
 def test_gguf_every_type_against_gguf_reader(every_type_file):
-    g = storage.open_gguf(every_type_file)
+    g = G.open_gguf(every_type_file)
     r = gguf.GGUFReader(every_type_file)
     assert g.alignment == r.alignment == 64 and g.data_offset == r.data_offset
     assert g.metadata['tokenizer.ggml.tokens'] == ['a', 'b', 'ĠTo'] and g.hyperparameters == {'block_count': 2}
@@ -106,15 +108,15 @@ def test_gguf_every_type_against_gguf_reader(every_type_file):
         assert np.array_equal(g.dequantize(rt.name).view(np.uint32), theirs.view(np.uint32)), rt.name
 
 def test_gguf_chunked_reads_equal_whole(every_type_file):
-    whole = storage.open_gguf(every_type_file)
-    small = storage.open_gguf(every_type_file, max_read=4096)
+    whole = G.open_gguf(every_type_file)
+    small = G.open_gguf(every_type_file, max_read=4096)
     for name in whole.tensors:
         assert np.array_equal(whole.dequantize(name), small.dequantize(name), equal_nan=True)
     with pytest.raises(FormatError, match='max_read'):
-        storage.open_gguf(every_type_file, max_read=600)        # header itself over the cap
+        G.open_gguf(every_type_file, max_read=600)        # header itself over the cap
 
 def test_gguf_unknown_cap_is_type_error(every_type_file):
-    with pytest.raises(TypeError): storage.open_gguf(every_type_file, max_widgets=3)
+    with pytest.raises(TypeError): G.open_gguf(every_type_file, max_widgets=3)
 
 def _tiny(**kw):
     rng = np.random.default_rng(0)
@@ -135,14 +137,14 @@ def _tiny(**kw):
 def test_gguf_crafted_headers(tmp_path, mutate, match):
     blob, info_at = _tiny()
     p = tmp_path / 'bad.gguf'; p.write_bytes(mutate(blob, info_at))
-    with pytest.raises(FormatError, match=match): storage.open_gguf(p)
+    with pytest.raises(FormatError, match=match): G.open_gguf(p)
 
 def test_gguf_tensor_info_checks(tmp_path):
     rng = np.random.default_rng(1)
     def refused(tensors, match, **kw):
         blob, _ = _tiny(tensors=tensors, **kw)
         p = tmp_path / 'x.gguf'; p.write_bytes(blob)
-        with pytest.raises(FormatError, match=match): storage.open_gguf(p)
+        with pytest.raises(FormatError, match=match): G.open_gguf(p)
     refused([('w', [48, 2], 8, b'\0' * 34 * 3)], 'multiple of the Q8_0 block size 32')
     refused([('w', [32], 99, b'\0' * 34)], 'unknown or unsupported GGML type 99')
     refused([('w', [1, 1, 1, 1, 1], 0, b'\0' * 4)], 'n_dims 5')
@@ -153,7 +155,7 @@ def test_gguf_tensor_info_checks(tmp_path):
     off_b = blob.index(B.s('b')) + len(B.s('b')) + 4 + 8 + 4
     for val, match in [(4, 'not a multiple of the alignment'), (0, 'overlaps')]:
         p = tmp_path / 'o.gguf'; p.write_bytes(blob[:off_b] + struct.pack('<Q', val) + blob[off_b + 8:])
-        with pytest.raises(FormatError, match=match): storage.open_gguf(p)
+        with pytest.raises(FormatError, match=match): G.open_gguf(p)
     for kv, match in [(B.s('general.alignment') + struct.pack('<II', 4, 24), 'power of two'),
                       (B.s('k') + struct.pack('<I', 77), 'unknown value type 77'),
                       (B.s('k') + struct.pack('<IB', 7, 2), 'bool'),
@@ -161,15 +163,15 @@ def test_gguf_tensor_info_checks(tmp_path):
                       (B.s('k') + struct.pack('<IIQ', 9, 8, 1000), 'cannot fit')]:
         blob, _ = _tiny(kvs=[kv])
         p = tmp_path / 'k.gguf'; p.write_bytes(blob)
-        with pytest.raises(FormatError, match=match): storage.open_gguf(p)
+        with pytest.raises(FormatError, match=match): G.open_gguf(p)
 
 def test_gguf_array_cap_is_separate(smollm2):
-    with pytest.raises(FormatError, match="tokenizer.ggml.tokens.*max_array=1000"): storage.open_gguf(smollm2, max_array=1000)
-    storage.open_gguf(smollm2, max_string=4096)         # the chat template and tokens fit
+    with pytest.raises(FormatError, match="tokenizer.ggml.tokens.*max_array=1000"): G.open_gguf(smollm2, max_array=1000)
+    G.open_gguf(smollm2, max_string=4096)         # the chat template and tokens fit
 
 # ---------- SmolLM2 ----------
 def test_smollm2_header_matches_gguf_reader(smollm2):
-    g, r = storage.open_gguf(smollm2), gguf.GGUFReader(smollm2)
+    g, r = G.open_gguf(smollm2), gguf.GGUFReader(smollm2)
     assert g.version == 3 and len(g.tensors) == 272 and g.architecture == 'llama'
     fields = {k: f for k, f in r.fields.items() if not k.startswith('GGUF.')}
     assert list(fields) == list(g.metadata)
@@ -186,7 +188,7 @@ def test_smollm2_header_matches_gguf_reader(smollm2):
     assert g.tensors['token_embd.weight'].shape == (49152, 576)
 
 def test_smollm2_every_tensor_bit_identical(smollm2):
-    g, r = storage.open_gguf(smollm2), gguf.GGUFReader(smollm2)
+    g, r = G.open_gguf(smollm2), gguf.GGUFReader(smollm2)
     for rt in r.tensors:
         ours = g.dequantize(rt.name)
         theirs = gguf.quants.dequantize(rt.data, rt.tensor_type).astype(np.float32).reshape(ours.shape)
@@ -194,7 +196,7 @@ def test_smollm2_every_tensor_bit_identical(smollm2):
     assert g.dequantize('token_embd.weight').shape == (49152, 576)
 
 def test_smollm2_matvec(smollm2):
-    g = storage.open_gguf(smollm2)
+    g = G.open_gguf(smollm2)
     x = np.random.default_rng(0).standard_normal(576).astype(np.float32)
     for name in ('token_embd.weight', 'blk.3.ffn_gate.weight'):
         W = g.dequantize(name).astype(np.float64)
@@ -213,11 +215,11 @@ def tree():
 
 def test_safetensors_roundtrip_and_package_reads_ours(tmp_path):
     p = tmp_path / 'c.safetensors'
-    storage.save_safetensors(p, tree(), metadata={'step': '10', 'note': 'é'})
-    back, meta = storage.load_safetensors(p, with_metadata=True)
+    st.save_safetensors(p, tree_to_dict(tree()), metadata={'step': '10', 'note': 'é'})
+    back, meta = st.load_safetensors(p, with_metadata=True)
     assert meta == {'step': '10', 'note': 'é'}
-    flat_in, flat_out = storage.flatten_tree(tree()), storage.flatten_tree(back)
-    assert flat_in.keys() == flat_out.keys() and isinstance(back['blocks'], list)
+    flat_in, flat_out = tree_to_dict(tree()), back
+    assert flat_in.keys() == flat_out.keys() and isinstance(tree_from_dict(back)['blocks'], list)
     for k in flat_in:
         assert flat_out[k].dtype == flat_in[k].dtype and flat_out[k].shape == flat_in[k].shape
         assert flat_out[k].tobytes() == flat_in[k].tobytes(), k
@@ -232,9 +234,9 @@ def test_safetensors_reads_package_files(tmp_path):
     d = {'model.layers.0.self_attn.q_proj.weight': rng.standard_normal((4, 4)).astype(np.float16),
          'model.embed_tokens.weight': rng.standard_normal((10, 4)).astype(np.float32), 'pos': np.arange(5, dtype=np.int64)}
     safetensors.numpy.save_file(d, tmp_path / 'hf.safetensors', metadata={'format': 'pt'})
-    flat, meta = storage.load_safetensors(tmp_path / 'hf.safetensors', flat=True, with_metadata=True)
+    flat, meta = st.load_safetensors(tmp_path / 'hf.safetensors', with_metadata=True)
     assert meta == {'format': 'pt'} and all(np.array_equal(flat[k], v) for k, v in d.items())
-    nested = storage.load_safetensors(tmp_path / 'hf.safetensors')
+    nested = tree_from_dict(st.load_safetensors(tmp_path / 'hf.safetensors'))
     assert np.array_equal(nested['model']['layers'][0]['self_attn']['q_proj']['weight'], d['model.layers.0.self_attn.q_proj.weight'])
 
 def forge(tmp_path, header, data=b'', raw=None):
@@ -253,25 +255,26 @@ def forge(tmp_path, header, data=b'', raw=None):
     ([1, 2], "not an object"),
 ])
 def test_safetensors_bad_headers(tmp_path, header, match):
-    with pytest.raises(FormatError, match=match): storage.load_safetensors(forge(tmp_path, header, bytes(12)))
+    with pytest.raises(FormatError, match=match): st.load_safetensors(forge(tmp_path, header, bytes(12)))
 
 def test_safetensors_bad_lengths(tmp_path):
     p = tmp_path / 'x.safetensors'
-    p.write_bytes(b'\x01\x02'); pytest.raises(FormatError, storage.load_safetensors, p)
-    p.write_bytes(struct.pack('<Q', 1 << 62) + b'{}'); pytest.raises(FormatError, storage.load_safetensors, p)
-    p.write_bytes(struct.pack('<Q', 100) + b'{}'); pytest.raises(FormatError, storage.load_safetensors, p)
-    with pytest.raises(FormatError, match='JSON'): storage.load_safetensors(forge(tmp_path, None, raw=b'{"w":'))
+    p.write_bytes(b'\x01\x02'); pytest.raises(FormatError, st.load_safetensors, p)
+    p.write_bytes(struct.pack('<Q', 1 << 62) + b'{}'); pytest.raises(FormatError, st.load_safetensors, p)
+    p.write_bytes(struct.pack('<Q', 100) + b'{}'); pytest.raises(FormatError, st.load_safetensors, p)
+    with pytest.raises(FormatError, match='JSON'): st.load_safetensors(forge(tmp_path, None, raw=b'{"w":'))
 
 def test_safetensors_save_errors_and_atomicity(tmp_path, monkeypatch):
     p = tmp_path / 'c.safetensors'
-    with pytest.raises(FormatError, match="'bad'"): storage.save_safetensors(p, {'bad': np.zeros(2, np.complex64)})
-    with pytest.raises(FormatError, match='a.b'): storage.save_safetensors(p, {'a.b': np.zeros(2)})
-    with pytest.raises(FormatError, match='metadata'): storage.save_safetensors(p, {'a': np.zeros(2)}, metadata={'k': 1})
-    storage.save_safetensors(p, {'a': np.ones(2)})
+    with pytest.raises(FormatError, match="'bad'"): st.save_safetensors(p, {'bad': np.zeros(2, np.complex64)})
+    with pytest.raises(FormatError, match='name 1 '): st.save_safetensors(p, {1: np.zeros(2)})
+    with pytest.raises(FormatError, match='dict of arrays'): st.save_safetensors(p, [np.zeros(2)])
+    with pytest.raises(FormatError, match='metadata'): st.save_safetensors(p, {'a': np.zeros(2)}, metadata={'k': 1})
+    st.save_safetensors(p, {'a': np.ones(2)})
     before = p.read_bytes()
     def boom(*a): raise OSError('disk full')
-    monkeypatch.setattr(storage.os, 'replace', boom)
-    with pytest.raises(OSError): storage.save_safetensors(p, {'a': np.zeros(2)})
+    monkeypatch.setattr(st.os, 'replace', boom)
+    with pytest.raises(OSError): st.save_safetensors(p, {'a': np.zeros(2)})
     assert p.read_bytes() == before and sorted(os.listdir(tmp_path)) == ['c.safetensors']
 
 # ---------- manifest and CLI ----------
@@ -282,7 +285,7 @@ def test_cli_inspect_gguf_and_safetensors(tmp_path, every_type_file):
     r = run_cli('inspect', str(every_type_file))
     assert r.returncode == 0, r.stderr
     assert 'architecture  toy' in r.stdout and 't_Q4_K' in r.stdout and 'Q6_K' in r.stdout and 'max_array=' in r.stdout
-    storage.save_safetensors(tmp_path / 'm.safetensors', tree(), {'k': 'v'})
+    st.save_safetensors(tmp_path / 'm.safetensors', tree_to_dict(tree()), {'k': 'v'})
     r = run_cli('inspect', str(tmp_path / 'm.safetensors'))
     assert r.returncode == 0 and 'blocks.1.attn.wq' in r.stdout and 'BF16' in r.stdout
 

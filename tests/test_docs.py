@@ -1,0 +1,347 @@
+"""The documentation site (docs/build.py) as a reader sees it: built with warnings as errors from the notebooks'
+stored outputs, then opened in headless Chromium (the Debian `chromium` package, driven by its command line).
+
+One Chromium run loads a small checking page from the same local server as the site; it opens every page in an
+iframe, lets the page's JavaScript run (MathJax, search), and writes what it found as JSON into its own DOM, which
+`--dump-dom` hands back. The expected counts (pages, figures, formulas) are read from the notebooks here, not from
+the build. The preprocessing rules (nbdev directives, API entries, links) are checked on a small notebook written
+by the test; the hand-written pages' example outputs are checked by running the examples."""
+import ast, html.parser, http.server, importlib.util, json, re, shutil, subprocess, sys, threading
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlsplit, unquote
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS, NBS = ROOT / 'docs', ROOT / 'nbs'
+CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
+MISSING = [m for m in ('sphinx', 'myst_nb', 'sphinx_book_theme', 'sphinx-mathjax-offline')
+           if importlib.util.find_spec(m) is None]
+needs_docs = pytest.mark.skipif(bool(MISSING), reason=f"docs extra not installed ({', '.join(MISSING)}): "
+                                                      "pip install -e '.[docs]'")
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium")
+NOTEBOOKS = sorted(NBS.glob('*.ipynb'))
+
+
+def _load_build():
+    spec = importlib.util.spec_from_file_location('gradus_docs_build', DOCS / 'build.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cells(path):
+    return json.loads(path.read_text(encoding='utf-8'))['cells']
+
+
+def _hidden(cell):
+    src = ''.join(cell['source'])
+    return bool(re.search(r'^\s*#\|\s*(hide|default_exp)\b', src, re.M))
+
+
+def expected_figures(path):
+    "Stored images a reader should see: image outputs of cells neither hidden nor marked `#| output: false`."
+    n = 0
+    for c in _cells(path):
+        if c['cell_type'] != 'code' or _hidden(c): continue
+        if re.search(r'^\s*#\|\s*output:\s*false', ''.join(c['source']), re.M): continue
+        n += sum(1 for o in c.get('outputs', []) if any(k.startswith('image/') for k in o.get('data', {})))
+    return n
+
+
+def has_formula(path):
+    "A Markdown cell with TeX maths: `$...$` or `$$...$$` outside code spans."
+    for c in _cells(path):
+        if c['cell_type'] != 'markdown': continue
+        text = re.sub(r'```.*?```|`[^`]*`', '', ''.join(c['source']), flags=re.S)
+        if re.search(r'\$\$.+?\$\$|\$[^$\s][^$]*\$', text, re.S): return True
+    return False
+
+# ------------------------------------------------------------------------------------------ the built site
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp('site')
+    r = subprocess.run([sys.executable, str(DOCS / 'build.py'), '--out', str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f'docs build failed (warnings are errors):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}'
+    return out / 'html'
+
+
+CHECK_PAGE = """<!doctype html><html><head><meta charset="utf-8"></head><body><pre id="out">pending</pre><script>
+const PAGES = %s;
+const sleep = ms => new Promise(r => setTimeout(r, ms));
+async function visit(url) {
+  const f = document.createElement('iframe');
+  f.style.width = '1200px'; f.style.height = '900px';
+  document.body.appendChild(f);
+  await new Promise(res => { f.onload = res; f.src = url; });
+  const w = f.contentWindow, d = f.contentDocument, r = {url: url, title: d.title};
+  r.images = [];
+  for (const img of d.querySelectorAll('img')) {
+    img.loading = 'eager';
+    try { await img.decode(); } catch (e) {}
+    r.images.push({src: img.getAttribute('src'), loaded: img.complete && img.naturalWidth > 0,
+                   output: !!img.closest('.cell_output, .output')});
+  }
+  const maths = [...d.querySelectorAll('.math')];
+  if (maths.length) {
+    for (let i = 0; i < 400 && !(w.MathJax && w.MathJax.startup && w.MathJax.startup.promise); i++) await sleep(25);
+    if (w.MathJax && w.MathJax.startup) await w.MathJax.startup.promise;
+  }
+  r.math = maths.length;
+  r.typeset = maths.filter(e => e.querySelector('mjx-container')).length;
+  r.mathErrors = d.querySelectorAll('mjx-merror').length;
+  if (url.includes('search.html')) {
+    for (let i = 0; i < 400 && !d.querySelector('#search-results li a'); i++) await sleep(25);
+    r.results = [...d.querySelectorAll('#search-results li a')].map(a => a.getAttribute('href'));
+  }
+  const main = d.querySelector('main') || d.body;
+  r.text = main.innerText.length;
+  f.remove();
+  return r;
+}
+(async () => {
+  const out = [];
+  for (const p of PAGES) {
+    try { out.push(await visit(p)); } catch (e) { out.push({url: p, error: String(e)}); }
+  }
+  document.getElementById('out').textContent = JSON.stringify(out);
+})();
+</script></body></html>"""
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    check_page = b''
+    def do_GET(self):
+        if self.path.startswith('/__check__.html'):
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/html; charset=utf-8')
+            self.send_header('Content-Length', str(len(self.check_page)))
+            self.end_headers()
+            self.wfile.write(self.check_page)
+        else: super().do_GET()
+    def log_message(self, *args): pass
+
+
+@pytest.fixture(scope='module')
+def server(site):
+    "The site served on a loopback port (a page's fetches behave as on a web server, not file://)."
+    handler = partial(_Handler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f'http://127.0.0.1:{httpd.server_address[1]}'
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def chromium(args, tmp, timeout=120):
+    cmd = [CHROMIUM, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
+           '--hide-scrollbars', f'--user-data-dir={tmp / "profile"}', *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope='module')
+def seen(site, server, tmp_path_factory):
+    "What the browser found on every page of the site plus a search for `logsumexp`: {page: report}."
+    pages = sorted(p.name for p in site.glob('*.html') if p.name not in ('search.html', 'genindex.html'))
+    urls = [f'/{p}' for p in pages] + ['/genindex.html', '/search.html?q=logsumexp']
+    _Handler.check_page = (CHECK_PAGE % json.dumps(urls)).encode()
+    r = chromium(['--virtual-time-budget=120000', '--dump-dom', f'{server}/__check__.html'],
+                 tmp_path_factory.mktemp('chromium'))
+    m = re.search(r'<pre id="out">(.*?)</pre>', r.stdout, re.S)
+    assert m and m.group(1) != 'pending', f'the checking page did not finish:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
+    reports = json.loads(html.unescape(m.group(1)))
+    errors = [rep for rep in reports if 'error' in rep]
+    assert not errors, errors
+    return {rep['url'].lstrip('/'): rep for rep in reports}
+
+
+@needs_docs
+@needs_browser
+def test_every_notebook_has_a_page(site, seen):
+    assert NOTEBOOKS
+    for nb in NOTEBOOKS:
+        page = f'{nb.stem}.html'
+        assert page in seen, f'{nb.name} has no page'
+        title = next(m.group(1) for c in _cells(nb) if c['cell_type'] == 'markdown'
+                     for m in [re.search(r'^#\s+(.+)$', ''.join(c['source']), re.M)] if m)
+        plain = lambda s: re.sub(r'[`*_\s]', '', s)  # Markdown emphasis and code marks do not show
+        assert plain(seen[page]['title']).startswith(plain(title)), (page, seen[page]['title'], title)
+        assert seen[page]['text'] > 200, f'{page} shows almost no text'
+
+
+@needs_docs
+@needs_browser
+def test_formulas_are_typeset(seen):
+    with_maths = [nb.stem for nb in NOTEBOOKS if has_formula(nb)]
+    for stem in with_maths:
+        assert seen[f'{stem}.html']['math'] > 0, f'{stem} states formulas but its page has no maths'
+    typeset = {p: r for p, r in seen.items() if r['math']}
+    assert typeset, 'no page of the site has maths'
+    for page, r in typeset.items():
+        assert r['typeset'] == r['math'] and r['mathErrors'] == 0, (page, r['math'], r['typeset'], r['mathErrors'])
+
+
+@needs_docs
+@needs_browser
+def test_every_stored_figure_is_an_image_that_loaded(seen):
+    total = 0
+    for nb in NOTEBOOKS:
+        imgs = [i for i in seen[f'{nb.stem}.html']['images'] if i['output']]
+        assert len(imgs) == expected_figures(nb), (nb.name, len(imgs), expected_figures(nb))
+        assert all(i['loaded'] for i in imgs), (nb.name, [i['src'] for i in imgs if not i['loaded']])
+        total += len(imgs)
+    assert total > 0, 'no notebook stores a figure: the check would prove nothing'
+    for page, r in seen.items():  # hand-written pages' pictures (the module graph) load too
+        assert all(i['loaded'] for i in r['images']), (page, [i['src'] for i in r['images'] if not i['loaded']])
+
+
+def _defining_notebook(name):
+    for nb in NOTEBOOKS:
+        for c in _cells(nb):
+            if c['cell_type'] == 'code' and re.search(rf'^def {name}\(', ''.join(c['source']), re.M): return nb.stem
+    return None
+
+
+@needs_docs
+@needs_browser
+def test_search_finds_an_api_name(seen):
+    home = _defining_notebook('logsumexp')
+    assert home, 'no notebook defines logsumexp'
+    results = seen['search.html?q=logsumexp']['results']
+    assert any(h.split('#')[0].endswith(f'{home}.html') and h.endswith('#gradus.tensor.logsumexp')
+               for h in results), results
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.refs = set(), []
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if 'id' in a: self.ids.add(a['id'])
+        if tag == 'a' and 'name' in a: self.ids.add(a['name'])
+        for key in ('href', 'src'):
+            if a.get(key) and tag in ('a', 'img', 'link', 'script'): self.refs.append(a[key])
+
+
+@needs_docs
+def test_no_broken_internal_links(site):
+    parsed = {}
+    def parse(p):
+        if p not in parsed:
+            parser = _Links()
+            parser.feed(p.read_text(encoding='utf-8'))
+            parsed[p] = parser
+        return parsed[p]
+    broken, checked = [], 0
+    for page in sorted(site.glob('*.html')):  # the pages (_static/ holds the theme's template macros)
+        for ref in parse(page).refs:
+            if urlsplit(ref).scheme or ref.startswith(('//', 'mailto:', 'javascript:')): continue
+            parts = urlsplit(ref)
+            path, frag = parts.path, parts.fragment
+            target = (page.parent / unquote(path)).resolve() if path else page
+            checked += 1
+            if not target.is_file() or site.resolve() not in target.parents:
+                broken.append(f'{page.name}: {ref}'); continue
+            if frag and target.suffix == '.html' and unquote(frag) not in parse(target).ids:
+                broken.append(f'{page.name}: {ref} (no such anchor)')
+    assert checked > 100, checked
+    assert not broken, broken[:20]
+
+
+@needs_docs
+def test_no_link_leaves_the_site(site):
+    "Offline: no page loads a script, style sheet or image from another host (MathJax is bundled)."
+    remote = []
+    for page in site.glob('*.html'):
+        text = page.read_text(encoding='utf-8')
+        remote += [f'{page.name}: {m}' for m in re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?:[^"]+)"',
+                                                             text)]
+    assert not remote, remote[:10]
+    assert (site / '_static' / 'mathjax' / 'tex-chtml.js').is_file()
+
+
+@needs_docs
+@needs_browser
+def test_screenshot_of_a_lesson(site, server, tmp_path):
+    home = _defining_notebook('logsumexp')
+    shot = tmp_path / f'{home}.png'
+    r = chromium(['--window-size=1280,900', '--virtual-time-budget=10000', f'--screenshot={shot}',
+                  f'{server}/{home}.html'], tmp_path)
+    assert shot.is_file(), r.stderr[-2000:]
+    import matplotlib.image as mpimg
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[:2] == (900, 1280) and pixels.std() > 0.05, 'the screenshot is blank'
+    print(f'screenshot: {shot}')
+
+# ---------------------------------------------------------------------------------- the preprocessing rules
+
+
+def _nb(cells):
+    def cell(kind, src, outputs=()):
+        c = {'cell_type': kind, 'metadata': {}, 'source': src}
+        if kind == 'code': c.update(outputs=list(outputs), execution_count=None)
+        return c
+    return {'nbformat': 4, 'nbformat_minor': 5, 'metadata': {}, 'cells': [cell(*c) for c in cells]}
+
+
+def _out(text): return {'output_type': 'stream', 'name': 'stdout', 'text': text}
+
+
+def test_directives_are_honoured(tmp_path):
+    b = _load_build()
+    path = tmp_path / '07_demo.ipynb'
+    path.write_text(json.dumps(_nb([
+        ('markdown', '# demo\n\nSee `twice` and `D.twice()`, not `nothing`, and ``twice``.'),
+        ('code', '#| default_exp demo'),
+        ('code', '#| hide\nsecret = 1', [_out('hidden output\n')]),
+        ('code', '#| export\ndef twice(x: float) -> float:\n    "Return `2 * x`; see `half`."\n    return 2 * x\n'
+                 '_private = 0\nLIMIT = 3'),
+        ('code', '#| echo: false\nprint("only the output")', [_out('only the output\n')]),
+        ('code', '#| output: false\nprint("no output")', [_out('dropped output\n')]),
+        ('code', '# NBVAL_CHECK_OUTPUT\nx = 1\ny = 2  #| hide_line\nprint(x)', [_out('1\n')]),
+        ('code', '#| export\nclass Half:\n    "Halves."\n    def of(self, x):\n        "`x / 2`."\n        return x / 2'),
+        ('code', 'from gradus import demo as D'),
+    ])))
+    nb = b.Notebook(path)
+    full, short = b.build_index([nb])
+    assert set(full) == {'gradus.demo.twice', 'gradus.demo.LIMIT', 'gradus.demo.Half', 'gradus.demo.Half.of'}
+    out = b.process(nb, b.Linker(full, short, {'07_demo'}, {}))
+    text = json.dumps(out)
+    assert 'secret' not in text and 'hidden output' not in text and 'default_exp' not in text
+    code = [c for c in out['cells'] if c['cell_type'] == 'code']
+    assert [c['source'] for c in code] == [
+        'def twice(x: float) -> float:\n    "Return `2 * x`; see `half`."\n    return 2 * x\n_private = 0\nLIMIT = 3',
+        'print("only the output")', 'print("no output")', 'x = 1\nprint(x)',
+        'class Half:\n    "Halves."\n    def of(self, x):\n        "`x / 2`."\n        return x / 2',
+        'from gradus import demo as D']
+    assert code[1]['metadata']['tags'] == ['remove-input'] and code[1]['outputs']
+    assert code[2]['outputs'] == [] and code[3]['outputs'][0]['text'] == '1\n'
+    md = [c['source'] for c in out['cells'] if c['cell_type'] == 'markdown']
+    assert md[0] == ('# demo\n\nSee {py:obj}`twice <gradus.demo.twice>` and {py:obj}`D.twice() <gradus.demo.twice>`,'
+                     ' not `nothing`, and ``twice``.')
+    assert '{py:function} twice(x: float) -> float\n:module: gradus.demo\n\nReturn `2 * x`; see `half`.' in md[1]
+    assert '{py:data} LIMIT' in md[1] and '_private' not in md[1]
+    assert '{py:class} Half' in md[2] and '{py:method} of(x)' in md[2]
+
+
+def test_heading_gaps_are_closed():
+    b = _load_build()
+    level = [0]
+    assert b.close_heading_gaps('# a\n### b\n```\n### not a heading\n```', level) == \
+        '# a\n## b\n```\n### not a heading\n```'
+    assert b.close_heading_gaps('#### c', level) == '### c'
+
+# ------------------------------------------------------------------------------ the hand-written pages' outputs
+
+
+@pytest.mark.parametrize('script', sorted((DOCS / 'examples').glob('*.py')), ids=lambda p: p.name)
+def test_example_output_is_real(script):
+    "Each program a hand-written page shows prints exactly the output the page shows beside it."
+    r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == script.with_suffix('.out').read_text(encoding='utf-8')
