@@ -1,5 +1,5 @@
 """Forward values against references outside gradus: every elementwise primitive and composite
-against numpy/scipy in float32 and float64, reductions and softmax-like composites on every axis, and
+against numpy/scipy in float32 and float64, reductions and softmax composites on every axis, and
 the nn layers against formulas written here from their papers. Finite differences prove gradients
 match the forward; these prove the forward is right (a wrong forward passes any finite-difference
 check)."""
