@@ -8,7 +8,14 @@ from gradus.autograd import (grad, value_and_grad, vjp, jvp, jit, custom_vjp, ch
                              show_code, tree_flatten, tree_unflatten, tree_map, tree_leaves, tree_flatten_with_path,
                              keystr, tree_to_dict, tree_from_dict)
 from gradus import tensor
-```"""
+```
+
+Modules:
+
+- `gradus.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers); the sampler (penalties, temperature, top-k, top-p, min-p) as pure functions of `(logits, key, config)`; `GenerationConfig`; `generate`, which drives any model's `step(tokens, pos)` and streams text; the decode-parity harness; the GPT as a model to decode.
+- `gradus.gpt`: The nanoGPT-shaped GPT: token and learned position embeddings, pre-LayerNorm blocks with causal multi-head attention, a GELU MLP of 4× width, a final LayerNorm, and an output head tied to the token embedding. `init(key, config)`, `apply(params, tokens, config)`, and `apply_cached`, the same forward over a KV cache.
+- `gradus.lowering`: `to_jax(f, *example_args)`: the graph gradus traces for `f` (forward, generated backward, the whole training step) run by one JAX rule per primitive; data-parallel training over a device mesh (`jax.jit` with `NamedSharding`, and `shard_map` with `pmean`); the same step across processes.
+- `gradus.models`: A Llama-family decoder run from a GGUF file: hyperparameters from its metadata, weights kept in their block formats, the full forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention), a decode step with int8-activation kernels proved equal to them; `from_gguf`, `apply` (for the GPT too), `stepper` for `decode.generate`, `gradus generate`."""
 
 __version__ = "0.0.1"
 """A literate, notebook-first autodiff and deep-learning stack on numpy: from dtypes and shapes to a generated backward pass, a GPT trained on Shakespeare, and the block formats of quantized language models."""

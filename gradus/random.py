@@ -13,58 +13,72 @@ from .tensor import Tracer, Primitive
 
 # %% ../nbs/05_random.ipynb #420f02f0
 def key(seed):
-    """A random key from a non-negative integer `seed`: a `uint64` array of shape `(2,)` (a Philox4x64 key,
-    Salmon et al. 2011), the seed hashed by `np.random.SeedSequence`. Raises `TypeError`/`ValueError` for a bad seed."""
+    """A random key from a non-negative integer `seed`: a `uint64` array of shape `(2,)` (a
+    Philox4x64 key, Salmon et al. 2011), the seed hashed by `np.random.SeedSequence`. Raises
+    `TypeError`/`ValueError` for a bad seed."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"key: seed must be a non-negative int, got {seed!r} ({type(seed).__name__})")
+        raise TypeError(f"key: seed must be a non-negative int, got {seed!r} "
+                        f"({type(seed).__name__})")
     if seed < 0: raise ValueError(f"key: seed must be a non-negative int, got {seed}")
     return np.random.SeedSequence(int(seed)).generate_state(2, np.uint64)
 
 def _check_key(k, who):
     if not isinstance(k, (np.ndarray, Tracer)) or k.dtype != np.uint64 or tuple(k.shape) != (2,):
-        desc = f"{k.dtype}{list(k.shape)}" if isinstance(k, (np.ndarray, Tracer)) else type(k).__name__
-        raise TypeError(f"{who}: expected a key (uint64 array of shape (2,), from key(seed) or split), got {desc}")
+        array_like = isinstance(k, (np.ndarray, Tracer))
+        desc = f"{k.dtype}{list(k.shape)}" if array_like else type(k).__name__
+        raise TypeError(f"{who}: expected a key (uint64 array of shape (2,), from key(seed) or "
+                        f"split), got {desc}")
     return k
 
 def _philox(k, counter=(0, 0, 0, 0)):
     return np.random.Philox(key=k, counter=np.array(counter, np.uint64))
 
 def rng(key):
-    "A `np.random.Generator` over the sample stream of `key` (Philox counter from 0). The same key gives the same draws."
+    """A `np.random.Generator` over the sample stream of `key` (Philox counter from 0). The same key
+    gives the same draws."""
     return np.random.Generator(_philox(_check_key(key, 'rng')))
 
+# %% ../nbs/05_random.ipynb #a0d1e106
 _U64 = np.dtype(np.uint64)
-_split_p = Primitive('random_split', lambda k, n: _philox(k, (0, 0, 1, 0)).random_raw(2 * n).reshape(n, 2),
-                     lambda k, n: ((n, 2), _U64))
-_fold_in_p = Primitive('random_fold_in', lambda k, i: _philox(k, (0, i, 2, 0)).random_raw(2), lambda k, i: ((2,), _U64))
+def _split_impl(k, n): return _philox(k, (0, 0, 1, 0)).random_raw(2 * n).reshape(n, 2)   # (n, 2)
+def _fold_in_impl(k, i): return _philox(k, (0, i, 2, 0)).random_raw(2)
+
+_split_p = Primitive('random_split', _split_impl, lambda k, n: ((n, 2), _U64))
+_fold_in_p = Primitive('random_fold_in', _fold_in_impl, lambda k, i: ((2,), _U64))
 
 def split(key, n=2):
-    """`n` new independent keys from `key`, as a `uint64` array of shape `(n, 2)` (iterate or index it for the
-    keys). Deterministic: the same key always splits the same way. Traceable (a primitive without gradient), so a
-    key passed into a compiled function can be split there. Raises `ValueError` for `n < 1`."""
+    """`n` new independent keys from `key`, as a `uint64` array of shape `(n, 2)` (iterate or index
+    it for the keys). Deterministic: the same key always splits the same way. Traceable (a primitive
+    without gradient), so a key passed into a compiled function can be split there. Raises
+    `ValueError` for `n < 1`."""
     _check_key(key, 'split')
-    if not isinstance(n, (int, np.integer)) or n < 1: raise ValueError(f"split: n must be a positive int, got {n!r}")
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"split: n must be a positive int, got {n!r}")
     return _split_p.bind(key, n=int(n))
 
 def fold_in(key, i):
-    """The key for index `i` (e.g. a training step) derived from `key`, without advancing anything: `fold_in(k, i)`
-    depends only on `(k, i)`, which is what makes a resumed run draw the same numbers. `i`: int in [0, 2⁶⁴).
-    Traceable, like `split`."""
+    """The key for index `i` (e.g. a training step) derived from `key`, without advancing anything:
+    `fold_in(k, i)` depends only on `(k, i)`, which is what makes a resumed run draw the same
+    numbers. `i`: int in [0, 2⁶⁴). Traceable, like `split`."""
     _check_key(key, 'fold_in')
-    if not isinstance(i, (int, np.integer)) or not 0 <= i < 2**64: raise ValueError(f"fold_in: i must be an int in [0, 2**64), got {i!r}")
+    if not isinstance(i, (int, np.integer)) or not 0 <= i < 2**64:
+        raise ValueError(f"fold_in: i must be an int in [0, 2**64), got {i!r}")
     return _fold_in_p.bind(key, i=int(i))
 
 # %% ../nbs/05_random.ipynb #e33f7007
 def _uniform_impl(key, shape, dtype):
     return np.random.Generator(_philox(key)).random(shape, dtype=np.dtype(dtype).type)
 
-_random_uniform_p = Primitive('random_uniform', _uniform_impl, lambda k, shape, dtype: (tuple(shape), np.dtype(dtype)))
+def _uniform_aval(k, shape, dtype): return tuple(shape), np.dtype(dtype)
+
+_random_uniform_p = Primitive('random_uniform', _uniform_impl, _uniform_aval)
 
 def random_uniform(key, shape, dtype=np.float32):
-    """Uniform samples in [0, 1) of `shape` and `dtype` (float32 or float64) from the sample stream of `key`.
-    Traceable: under `grad`/`jit` with a traced key the draw happens when the compiled code runs. Raises
-    `TypeError` for a bad key, `DTypeError` for another dtype."""
+    """Uniform samples in [0, 1) of `shape` and `dtype` (float32 or float64) from the sample stream
+    of `key`. Traceable: under `grad`/`jit` with a traced key the draw happens when the compiled
+    code runs. Raises `TypeError` for a bad key, `DTypeError` for another dtype."""
     _check_key(key, 'random_uniform')
     dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64): raise DTypeError(f"random_uniform: dtype must be float32 or float64, got {dtype}")
+    if dtype not in (np.float32, np.float64):
+        raise DTypeError(f"random_uniform: dtype must be float32 or float64, got {dtype}")
     return _random_uniform_p.bind(key, shape=tuple(int(s) for s in shape), dtype=dtype)

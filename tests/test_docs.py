@@ -1,12 +1,14 @@
-"""The documentation site (docs/build.py) as a reader sees it: built with warnings as errors from the notebooks'
-stored outputs, then opened in headless Chromium (the Debian `chromium` package, driven by its command line).
+"""The documentation site (docs/build.py) as a reader sees it: built with warnings as errors from
+the notebooks' stored outputs, then opened in headless Chromium (the Debian `chromium` package,
+driven by its command line).
 
-One Chromium run loads a small checking page from the same local server as the site; it opens every page in an
-iframe, lets the page's JavaScript run (MathJax, search), and writes what it found as JSON into its own DOM, which
-`--dump-dom` hands back. The expected counts (pages, figures, formulas) are read from the notebooks here, not from
-the build. The preprocessing rules (nbdev directives, API entries, links) are checked on a small notebook written
-by the test; the hand-written pages' example outputs are checked by running the examples."""
-import ast, html.parser, http.server, importlib.util, json, re, shutil, subprocess, sys, threading
+One Chromium run loads a small checking page from the same local server as the site; it opens
+every page in an iframe, lets the page's JavaScript run (MathJax, search) and writes what it found
+as JSON into its own DOM, which `--dump-dom` hands back. The expected counts (pages, figures,
+formulas) are read from the notebooks here, not from the build. The preprocessing rules (nbdev
+directives, API entries, links) are checked on a small notebook the test writes; the hand-written
+pages' example outputs are checked by running the examples."""
+import html, html.parser, http.server, importlib.util, json, re, shutil, subprocess, sys, threading
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, unquote
@@ -17,9 +19,11 @@ DOCS, NBS = ROOT / 'docs', ROOT / 'nbs'
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 MISSING = [m for m in ('sphinx', 'myst_nb', 'sphinx_book_theme', 'sphinx-mathjax-offline')
            if importlib.util.find_spec(m) is None]
-needs_docs = pytest.mark.skipif(bool(MISSING), reason=f"docs extra not installed ({', '.join(MISSING)}): "
-                                                      "pip install -e '.[docs]'")
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium")
+needs_docs = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"docs extra not installed ({', '.join(MISSING)}): pip install -e '.[docs]'")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason='no chromium on PATH: apt-get install -y chromium')
 NOTEBOOKS = sorted(NBS.glob('*.ipynb'))
 
 
@@ -34,30 +38,39 @@ def _cells(path):
     return json.loads(path.read_text(encoding='utf-8'))['cells']
 
 
-def _hidden(cell):
-    src = ''.join(cell['source'])
-    return bool(re.search(r'^\s*#\|\s*(hide|default_exp)\b', src, re.M))
+def _directive(cell, pattern):
+    return re.search(rf'^\s*#\|\s*{pattern}', ''.join(cell['source']), re.M) is not None
 
 
 def expected_figures(path):
-    "Stored images a reader should see: image outputs of cells neither hidden nor marked `#| output: false`."
+    "Stored images a reader should see: image outputs of cells not hidden, outputs not dropped."
     n = 0
     for c in _cells(path):
-        if c['cell_type'] != 'code' or _hidden(c): continue
-        if re.search(r'^\s*#\|\s*output:\s*false', ''.join(c['source']), re.M): continue
-        n += sum(1 for o in c.get('outputs', []) if any(k.startswith('image/') for k in o.get('data', {})))
+        if c['cell_type'] != 'code' or _directive(c, r'(hide|default_exp)\b'): continue
+        if _directive(c, r'output:\s*false'): continue
+        n += sum(any(k.startswith('image/') for k in o.get('data', {}))
+                 for o in c.get('outputs', []))
     return n
 
 
 def has_formula(path):
-    "A Markdown cell with TeX maths: `$...$` or `$$...$$` outside code spans."
+    "A Markdown cell with TeX maths: `$...$` or `$$...$$` outside code."
     for c in _cells(path):
         if c['cell_type'] != 'markdown': continue
         text = re.sub(r'```.*?```|`[^`]*`', '', ''.join(c['source']), flags=re.S)
         if re.search(r'\$\$.+?\$\$|\$[^$\s][^$]*\$', text, re.S): return True
     return False
 
-# ------------------------------------------------------------------------------------------ the built site
+
+def _defining_notebook(name):
+    for nb in NOTEBOOKS:
+        for c in _cells(nb):
+            src = ''.join(c['source'])
+            if c['cell_type'] == 'code' and re.search(rf'^def {name}\(', src, re.M):
+                return nb.stem
+    return None
+
+# ---------------------------------------------------------------------------- the built site
 
 
 @pytest.fixture(scope='module')
@@ -65,11 +78,13 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp('site')
     r = subprocess.run([sys.executable, str(DOCS / 'build.py'), '--out', str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f'docs build failed (warnings are errors):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}'
+    assert r.returncode == 0, \
+        f'docs build failed (warnings are errors):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}'
     return out / 'html'
 
 
-CHECK_PAGE = """<!doctype html><html><head><meta charset="utf-8"></head><body><pre id="out">pending</pre><script>
+CHECK_PAGE = """<!doctype html><html><head><meta charset="utf-8"></head><body>
+<pre id="out">pending</pre><script>
 const PAGES = %s;
 const sleep = ms => new Promise(r => setTimeout(r, ms));
 async function visit(url) {
@@ -87,8 +102,9 @@ async function visit(url) {
   }
   const maths = [...d.querySelectorAll('.math')];
   if (maths.length) {
-    for (let i = 0; i < 400 && !(w.MathJax && w.MathJax.startup && w.MathJax.startup.promise); i++) await sleep(25);
-    if (w.MathJax && w.MathJax.startup) await w.MathJax.startup.promise;
+    const ready = () => w.MathJax && w.MathJax.startup && w.MathJax.startup.promise;
+    for (let i = 0; i < 400 && !ready(); i++) await sleep(25);
+    if (ready()) await w.MathJax.startup.promise;
   }
   r.math = maths.length;
   r.typeset = maths.filter(e => e.querySelector('mjx-container')).length;
@@ -97,8 +113,7 @@ async function visit(url) {
     for (let i = 0; i < 400 && !d.querySelector('#search-results li a'); i++) await sleep(25);
     r.results = [...d.querySelectorAll('#search-results li a')].map(a => a.getAttribute('href'));
   }
-  const main = d.querySelector('main') || d.body;
-  r.text = main.innerText.length;
+  r.text = (d.querySelector('main') || d.body).innerText.length;
   f.remove();
   return r;
 }
@@ -113,21 +128,23 @@ async function visit(url) {
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    "The site's files, plus the checking page at /__check__.html."
     check_page = b''
+
     def do_GET(self):
-        if self.path.startswith('/__check__.html'):
-            self.send_response(200)
-            self.send_header('Content-Type', 'text/html; charset=utf-8')
-            self.send_header('Content-Length', str(len(self.check_page)))
-            self.end_headers()
-            self.wfile.write(self.check_page)
-        else: super().do_GET()
+        if not self.path.startswith('/__check__.html'): return super().do_GET()
+        self.send_response(200)
+        self.send_header('Content-Type', 'text/html; charset=utf-8')
+        self.send_header('Content-Length', str(len(self.check_page)))
+        self.end_headers()
+        self.wfile.write(self.check_page)
+
     def log_message(self, *args): pass
 
 
 @pytest.fixture(scope='module')
 def server(site):
-    "The site served on a loopback port (a page's fetches behave as on a web server, not file://)."
+    "The site on a loopback port, so that pages fetch as on a web server, not from file://."
     handler = partial(_Handler, directory=str(site))
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -137,52 +154,53 @@ def server(site):
     httpd.server_close()
 
 
-def chromium(args, tmp, timeout=120):
-    cmd = [CHROMIUM, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
-           '--hide-scrollbars', f'--user-data-dir={tmp / "profile"}', *args]
+def chromium(args, tmp, timeout=180):
+    cmd = [CHROMIUM, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
+           '--no-first-run', '--hide-scrollbars', f'--user-data-dir={tmp / "profile"}', *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope='module')
 def seen(site, server, tmp_path_factory):
-    "What the browser found on every page of the site plus a search for `logsumexp`: {page: report}."
-    pages = sorted(p.name for p in site.glob('*.html') if p.name not in ('search.html', 'genindex.html'))
-    urls = [f'/{p}' for p in pages] + ['/genindex.html', '/search.html?q=logsumexp']
+    "What the browser found on every page of the site and on a search for `logsumexp`."
+    pages = sorted(p.name for p in site.glob('*.html') if p.name != 'search.html')
+    urls = [f'/{p}' for p in pages] + ['/search.html?q=logsumexp']
     _Handler.check_page = (CHECK_PAGE % json.dumps(urls)).encode()
     r = chromium(['--virtual-time-budget=120000', '--dump-dom', f'{server}/__check__.html'],
                  tmp_path_factory.mktemp('chromium'))
     m = re.search(r'<pre id="out">(.*?)</pre>', r.stdout, re.S)
-    assert m and m.group(1) != 'pending', f'the checking page did not finish:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
+    assert m and m.group(1) != 'pending', \
+        f'the checking page did not finish:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
     reports = json.loads(html.unescape(m.group(1)))
-    errors = [rep for rep in reports if 'error' in rep]
-    assert not errors, errors
+    assert not [rep for rep in reports if 'error' in rep], reports
     return {rep['url'].lstrip('/'): rep for rep in reports}
 
 
 @needs_docs
 @needs_browser
-def test_every_notebook_has_a_page(site, seen):
+def test_every_notebook_has_a_page(seen):
     assert NOTEBOOKS
+    def plain(s): return re.sub(r'[`*_\s]', '', s)  # Markdown emphasis and code marks do not show
     for nb in NOTEBOOKS:
         page = f'{nb.stem}.html'
         assert page in seen, f'{nb.name} has no page'
         title = next(m.group(1) for c in _cells(nb) if c['cell_type'] == 'markdown'
                      for m in [re.search(r'^#\s+(.+)$', ''.join(c['source']), re.M)] if m)
-        plain = lambda s: re.sub(r'[`*_\s]', '', s)  # Markdown emphasis and code marks do not show
-        assert plain(seen[page]['title']).startswith(plain(title)), (page, seen[page]['title'], title)
+        assert plain(seen[page]['title']).startswith(plain(title)), (page, seen[page]['title'])
         assert seen[page]['text'] > 200, f'{page} shows almost no text'
 
 
 @needs_docs
 @needs_browser
 def test_formulas_are_typeset(seen):
-    with_maths = [nb.stem for nb in NOTEBOOKS if has_formula(nb)]
-    for stem in with_maths:
-        assert seen[f'{stem}.html']['math'] > 0, f'{stem} states formulas but its page has no maths'
-    typeset = {p: r for p, r in seen.items() if r['math']}
-    assert typeset, 'no page of the site has maths'
-    for page, r in typeset.items():
-        assert r['typeset'] == r['math'] and r['mathErrors'] == 0, (page, r['math'], r['typeset'], r['mathErrors'])
+    for nb in NOTEBOOKS:
+        if has_formula(nb):
+            assert seen[f'{nb.stem}.html']['math'] > 0, f'{nb.stem} has formulas; its page none'
+    with_maths = {p: r for p, r in seen.items() if r['math']}
+    assert with_maths, 'no page of the site has maths'
+    for page, r in with_maths.items():
+        assert r['typeset'] == r['math'] and r['mathErrors'] == 0, \
+            (page, r['math'], r['typeset'], r['mathErrors'])
 
 
 @needs_docs
@@ -192,18 +210,13 @@ def test_every_stored_figure_is_an_image_that_loaded(seen):
     for nb in NOTEBOOKS:
         imgs = [i for i in seen[f'{nb.stem}.html']['images'] if i['output']]
         assert len(imgs) == expected_figures(nb), (nb.name, len(imgs), expected_figures(nb))
-        assert all(i['loaded'] for i in imgs), (nb.name, [i['src'] for i in imgs if not i['loaded']])
+        assert all(i['loaded'] for i in imgs), \
+            (nb.name, [i['src'] for i in imgs if not i['loaded']])
         total += len(imgs)
     assert total > 0, 'no notebook stores a figure: the check would prove nothing'
-    for page, r in seen.items():  # hand-written pages' pictures (the module graph) load too
-        assert all(i['loaded'] for i in r['images']), (page, [i['src'] for i in r['images'] if not i['loaded']])
-
-
-def _defining_notebook(name):
-    for nb in NOTEBOOKS:
-        for c in _cells(nb):
-            if c['cell_type'] == 'code' and re.search(rf'^def {name}\(', ''.join(c['source']), re.M): return nb.stem
-    return None
+    for page, r in seen.items():  # the hand-written pages' pictures (the module graph) load too
+        assert all(i['loaded'] for i in r['images']), \
+            (page, [i['src'] for i in r['images'] if not i['loaded']])
 
 
 @needs_docs
@@ -220,6 +233,7 @@ class _Links(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.ids, self.refs = set(), []
+
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if 'id' in a: self.ids.add(a['id'])
@@ -233,41 +247,40 @@ def test_no_broken_internal_links(site):
     parsed = {}
     def parse(p):
         if p not in parsed:
-            parser = _Links()
-            parser.feed(p.read_text(encoding='utf-8'))
-            parsed[p] = parser
+            parsed[p] = _Links()
+            parsed[p].feed(p.read_text(encoding='utf-8'))
         return parsed[p]
     broken, checked = [], 0
-    for page in sorted(site.glob('*.html')):  # the pages (_static/ holds the theme's template macros)
+    for page in sorted(site.glob('*.html')):  # (_static/ holds the theme's template macros)
         for ref in parse(page).refs:
-            if urlsplit(ref).scheme or ref.startswith(('//', 'mailto:', 'javascript:')): continue
             parts = urlsplit(ref)
-            path, frag = parts.path, parts.fragment
-            target = (page.parent / unquote(path)).resolve() if path else page
+            if parts.scheme or ref.startswith('//'): continue
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
             checked += 1
             if not target.is_file() or site.resolve() not in target.parents:
-                broken.append(f'{page.name}: {ref}'); continue
-            if frag and target.suffix == '.html' and unquote(frag) not in parse(target).ids:
+                broken.append(f'{page.name}: {ref}')
+            elif parts.fragment and target.suffix == '.html' \
+                    and unquote(parts.fragment) not in parse(target).ids:
                 broken.append(f'{page.name}: {ref} (no such anchor)')
     assert checked > 100, checked
     assert not broken, broken[:20]
 
 
 @needs_docs
-def test_no_link_leaves_the_site(site):
-    "Offline: no page loads a script, style sheet or image from another host (MathJax is bundled)."
+def test_nothing_is_fetched_from_another_host(site):
+    "Offline: no page loads a script, style sheet or image from elsewhere (MathJax is bundled)."
     remote = []
     for page in site.glob('*.html'):
-        text = page.read_text(encoding='utf-8')
-        remote += [f'{page.name}: {m}' for m in re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?:[^"]+)"',
-                                                             text)]
+        tags = re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?:[^"]+)"',
+                          page.read_text(encoding='utf-8'))
+        remote += [f'{page.name}: {t}' for t in tags]
     assert not remote, remote[:10]
     assert (site / '_static' / 'mathjax' / 'tex-chtml.js').is_file()
 
 
 @needs_docs
 @needs_browser
-def test_screenshot_of_a_lesson(site, server, tmp_path):
+def test_screenshot_of_a_lesson(server, tmp_path):
     home = _defining_notebook('logsumexp')
     shot = tmp_path / f'{home}.png'
     r = chromium(['--window-size=1280,900', '--virtual-time-budget=10000', f'--screenshot={shot}',
@@ -278,7 +291,7 @@ def test_screenshot_of_a_lesson(site, server, tmp_path):
     assert pixels.shape[:2] == (900, 1280) and pixels.std() > 0.05, 'the screenshot is blank'
     print(f'screenshot: {shot}')
 
-# ---------------------------------------------------------------------------------- the preprocessing rules
+# ---------------------------------------------------------------------- the preprocessing rules
 
 
 def _nb(cells):
@@ -292,6 +305,10 @@ def _nb(cells):
 def _out(text): return {'output_type': 'stream', 'name': 'stdout', 'text': text}
 
 
+TWICE = 'def twice(x: float) -> float:\n    "Return `2 * x`; see `half`."\n    return 2 * x'
+HALF = 'class Half:\n    "Halves."\n    def of(self, x):\n        "`x / 2`."\n        return x / 2'
+
+
 def test_directives_are_honoured(tmp_path):
     b = _load_build()
     path = tmp_path / '07_demo.ipynb'
@@ -299,34 +316,37 @@ def test_directives_are_honoured(tmp_path):
         ('markdown', '# demo\n\nSee `twice` and `D.twice()`, not `nothing`, and ``twice``.'),
         ('code', '#| default_exp demo'),
         ('code', '#| hide\nsecret = 1', [_out('hidden output\n')]),
-        ('code', '#| export\ndef twice(x: float) -> float:\n    "Return `2 * x`; see `half`."\n    return 2 * x\n'
-                 '_private = 0\nLIMIT = 3'),
+        ('code', '#| export\n#| hide\ndef hidden_impl():\n    "Documented, source hidden."'),
+        ('code', f'#| export\n{TWICE}\n_private = 0\nLIMIT = 3'),
         ('code', '#| echo: false\nprint("only the output")', [_out('only the output\n')]),
         ('code', '#| output: false\nprint("no output")', [_out('dropped output\n')]),
         ('code', '# NBVAL_CHECK_OUTPUT\nx = 1\ny = 2  #| hide_line\nprint(x)', [_out('1\n')]),
-        ('code', '#| export\nclass Half:\n    "Halves."\n    def of(self, x):\n        "`x / 2`."\n        return x / 2'),
+        ('code', f'#| export\n{HALF}'),
         ('code', 'from gradus import demo as D'),
     ])))
     nb = b.Notebook(path)
     full, short = b.build_index([nb])
-    assert set(full) == {'gradus.demo.twice', 'gradus.demo.LIMIT', 'gradus.demo.Half', 'gradus.demo.Half.of'}
+    assert set(full) == {'gradus.demo', 'gradus.demo.hidden_impl', 'gradus.demo.twice',
+                         'gradus.demo.LIMIT', 'gradus.demo.Half', 'gradus.demo.Half.of'}
     out = b.process(nb, b.Linker(full, short, {'07_demo'}, {}))
     text = json.dumps(out)
     assert 'secret' not in text and 'hidden output' not in text and 'default_exp' not in text
+    assert 'def hidden_impl' not in text and 'dropped output' not in text and 'NBVAL' not in text
     code = [c for c in out['cells'] if c['cell_type'] == 'code']
     assert [c['source'] for c in code] == [
-        'def twice(x: float) -> float:\n    "Return `2 * x`; see `half`."\n    return 2 * x\n_private = 0\nLIMIT = 3',
-        'print("only the output")', 'print("no output")', 'x = 1\nprint(x)',
-        'class Half:\n    "Halves."\n    def of(self, x):\n        "`x / 2`."\n        return x / 2',
-        'from gradus import demo as D']
+        f'{TWICE}\n_private = 0\nLIMIT = 3', 'print("only the output")', 'print("no output")',
+        'x = 1\nprint(x)', HALF, 'from gradus import demo as D']
     assert code[1]['metadata']['tags'] == ['remove-input'] and code[1]['outputs']
     assert code[2]['outputs'] == [] and code[3]['outputs'][0]['text'] == '1\n'
     md = [c['source'] for c in out['cells'] if c['cell_type'] == 'markdown']
-    assert md[0] == ('# demo\n\nSee {py:obj}`twice <gradus.demo.twice>` and {py:obj}`D.twice() <gradus.demo.twice>`,'
-                     ' not `nothing`, and ``twice``.')
-    assert '{py:function} twice(x: float) -> float\n:module: gradus.demo\n\nReturn `2 * x`; see `half`.' in md[1]
-    assert '{py:data} LIMIT' in md[1] and '_private' not in md[1]
-    assert '{py:class} Half' in md[2] and '{py:method} of(x)' in md[2]
+    assert md[0] == ('# demo\n\nSee {py:obj}`twice <gradus.demo.twice>` and '
+                     '{py:obj}`D.twice() <gradus.demo.twice>`, not `nothing`, and ``twice``.')
+    assert md[1] == '```{py:module} gradus.demo\n:no-contents-entry:\n```'  # `gradus.demo` target
+    assert '{py:function} hidden_impl()' in md[2] and 'Documented, source hidden.' in md[2]
+    assert ('{py:function} twice(x: float) -> float\n:module: gradus.demo\n\n'
+            'Return `2 * x`; see `half`.') in md[3]
+    assert '{py:data} LIMIT' in md[3] and '_private' not in md[3]
+    assert '{py:class} Half' in md[4] and '{py:method} of(x)' in md[4]
 
 
 def test_heading_gaps_are_closed():
@@ -336,12 +356,13 @@ def test_heading_gaps_are_closed():
         '# a\n## b\n```\n### not a heading\n```'
     assert b.close_heading_gaps('#### c', level) == '### c'
 
-# ------------------------------------------------------------------------------ the hand-written pages' outputs
+# ---------------------------------------------------------------- the hand-written pages' outputs
 
 
 @pytest.mark.parametrize('script', sorted((DOCS / 'examples').glob('*.py')), ids=lambda p: p.name)
 def test_example_output_is_real(script):
     "Each program a hand-written page shows prints exactly the output the page shows beside it."
-    r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == script.with_suffix('.out').read_text(encoding='utf-8')

@@ -1,5 +1,6 @@
-"File formats: safetensors against the `safetensors` package, GGUF admission against gguf-py, dequantization bit-for-bit."
-import json, os, struct, subprocess, sys
+"""File formats: safetensors against the `safetensors` package, GGUF admission against gguf-py,
+dequantization bit-for-bit."""
+import json, math, os, re, struct, subprocess, sys
 from pathlib import Path
 import numpy as np, ml_dtypes, pytest
 import gguf, safetensors, safetensors.numpy
@@ -16,24 +17,37 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope='module')
 def smollm2():
     try: return G.smollm2_path()
-    except FileNotFoundError as e: pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
+    except FileNotFoundError as e:
+        pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
 
 # ---------- block tables and dequantization ----------
 def test_block_sizes_match_gguf():
     for t, (bs, ts) in BLOCK.items():
         assert gguf.constants.GGML_QUANT_SIZES[GQ(int(t))] == (bs, ts), t.name
 
-DEQ_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+def test_type_table_is_ggmls_whole_table():
+    """Every type ggml defines (gguf-py's GGMLQuantizationType) is in GGMLType under the same name
+    and id, with gguf-py's block sizes; a new ggml type makes this fail until it is added."""
+    theirs = {t.name: (int(t), gguf.constants.GGML_QUANT_SIZES.get(t)) for t in GQ}
+    ours = {t.name: (int(t), BLOCK.get(t)) for t in GGMLType}
+    assert ours == theirs
+    assert GGMLType.MXFP4 == 39 and BLOCK[GGMLType.MXFP4] == (32, 17)
+
+DEQ_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
+             GGMLType.Q4_1, GGMLType.Q5_0,
              GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q6_K]
-F16_FIELDS = {GGMLType.Q4_1: [0, 2], GGMLType.Q5_1: [0, 2], GGMLType.Q4_K: [0, 2], GGMLType.Q6_K: [208]}
+F16_FIELDS = {GGMLType.Q4_1: [0, 2], GGMLType.Q5_1: [0, 2], GGMLType.Q4_K: [0, 2],
+              GGMLType.Q6_K: [208]}
 
 def finite_blocks(t, n, seed):
     rng = np.random.default_rng(seed)
     plain = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: ml_dtypes.bfloat16}
-    if t in plain: return (rng.standard_normal(n) * 10).astype(plain[t]).view(np.uint8).reshape(n, -1)
+    if t in plain:
+        return (rng.standard_normal(n) * 10).astype(plain[t]).view(np.uint8).reshape(n, -1)
     b = rng.integers(0, 256, (n, BLOCK[t][1]), dtype=np.uint8)
     for o in F16_FIELDS.get(t, [0]):
-        b[:, o:o + 2] = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+        f16 = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3, n)).astype(np.float16)
+        b[:, o:o + 2] = f16.view(np.uint8).reshape(n, 2)
     return b
 
 @pytest.mark.parametrize('t', DEQ_TYPES, ids=lambda t: t.name)
@@ -54,9 +68,14 @@ def test_kernel_equals_reference_on_arbitrary_bytes(t):
     assert np.array_equal(k[~nan].view(np.uint32), r[~nan].view(np.uint32))
 
 def test_dequantize_rejects_partial_blocks_and_unknown_types():
-    with pytest.raises(FormatError, match='whole number'): Q.dequantize(np.zeros(35, np.uint8), GGMLType.Q8_0)
-    with pytest.raises(FormatError, match='no decoder'): Q.dequantize(np.zeros(84, np.uint8), GGMLType.Q2_K)
-    with pytest.raises(FormatError, match='unknown'): Q.dequantize(np.zeros(8, np.uint8), 99)
+    with pytest.raises(FormatError, match='whole number'):
+        Q.dequantize(np.zeros(35, np.uint8), GGMLType.Q8_0)
+    with pytest.raises(FormatError, match=r'^unsupported GGML type Q2_K \(10\)$'):
+        Q.dequantize(np.zeros(84, np.uint8), GGMLType.Q2_K)
+    with pytest.raises(FormatError, match=r'^unsupported GGML type MXFP4 \(39\)$'):
+        Q.dequantize_ref(np.zeros(17, np.uint8), 39)
+    with pytest.raises(FormatError, match='unknown GGML type id 99'):
+        Q.dequantize(np.zeros(8, np.uint8), 99)
 
 @pytest.mark.parametrize('t', [GGMLType.Q8_0, GGMLType.Q4_0], ids=lambda t: t.name)
 def test_quantize_equals_gguf(t):
@@ -79,18 +98,22 @@ def test_qmatvec_matches_dequantize_then_matmul(t, shape):
     assert np.all(np.abs(y - W @ x) <= 1e-5 * (np.abs(W) @ np.abs(x)) + 1e-30)
 
 def test_qmatvec_errors():
-    with pytest.raises(ValueError): Q.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
-    with pytest.raises(FormatError): Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros(256, np.float32))
+    with pytest.raises(ValueError):
+        Q.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
+    with pytest.raises(FormatError):
+        Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros(256, np.float32))
 
 # ---------- GGUF admission ----------
-ALL_SPECS = [(f't_{t.name}', [2 * BLOCK[t][0] * (1 if BLOCK[t][0] > 1 else 16), 3], int(t), BLOCK[t][1], BLOCK[t][0]) for t in DEQ_TYPES]
+ALL_SPECS = [(f't_{t.name}', [2 * BLOCK[t][0] * (1 if BLOCK[t][0] > 1 else 16), 3], int(t),
+              BLOCK[t][1], BLOCK[t][0]) for t in DEQ_TYPES]
 
 @pytest.fixture
 def every_type_file(tmp_path):
     rng = np.random.default_rng(11)
     tensors = B.random_tensors(rng, ALL_SPECS)
     kvs = [B.kv_str('general.architecture', 'toy'), B.kv_u32('toy.block_count', 2),
-           B.kv_str_array('tokenizer.ggml.tokens', ['a', 'b', 'ĠTo']), B.kv_u32('general.alignment', 64)]
+           B.kv_str_array('tokenizer.ggml.tokens', ['a', 'b', 'ĠTo']),
+           B.kv_u32('general.alignment', 64)]
     blob, _ = B.build(kvs, tensors, alignment=64)
     p = tmp_path / 'every.gguf'; p.write_bytes(blob)
     return p
@@ -99,13 +122,16 @@ def test_gguf_every_type_against_gguf_reader(every_type_file):
     g = G.open_gguf(every_type_file)
     r = gguf.GGUFReader(every_type_file)
     assert g.alignment == r.alignment == 64 and g.data_offset == r.data_offset
-    assert g.metadata['tokenizer.ggml.tokens'] == ['a', 'b', 'ĠTo'] and g.hyperparameters == {'block_count': 2}
+    assert (g.metadata['tokenizer.ggml.tokens'] == ['a', 'b', 'ĠTo']
+            and g.hyperparameters == {'block_count': 2})
     for rt in r.tensors:
         t = g.tensors[rt.name]
-        assert t.shape == tuple(int(d) for d in reversed(rt.shape)) and int(t.type) == int(rt.tensor_type)
-        assert t.offset == rt.data_offset and t.nbytes == rt.n_bytes      # gguf-py offsets are absolute
+        assert (t.shape == tuple(int(d) for d in reversed(rt.shape))
+                and int(t.type) == int(rt.tensor_type))
+        assert t.offset == rt.data_offset and t.nbytes == rt.n_bytes   # gguf-py: absolute offsets
         theirs = gguf.quants.dequantize(rt.data, rt.tensor_type).astype(np.float32).reshape(t.shape)
-        assert np.array_equal(g.dequantize(rt.name).view(np.uint32), theirs.view(np.uint32)), rt.name
+        assert np.array_equal(g.dequantize(rt.name).view(np.uint32),
+                              theirs.view(np.uint32)), rt.name
 
 def test_gguf_chunked_reads_equal_whole(every_type_file):
     whole = G.open_gguf(every_type_file)
@@ -120,7 +146,9 @@ def test_gguf_unknown_cap_is_type_error(every_type_file):
 
 def _tiny(**kw):
     rng = np.random.default_rng(0)
-    tensors = kw.pop('tensors', None) or B.random_tensors(rng, [('w', [64, 2], 8, 34, 32), ('n', [64], 0, 4, 1)])
+    tensors = kw.pop('tensors', None) or B.random_tensors(rng,
+                                                          [('w', [64, 2], 8, 34, 32),
+                                                           ('n', [64], 0, 4, 1)])
     return B.build(kw.pop('kvs', [B.kv_str('general.architecture', 'toy')]), tensors, **kw)
 
 @pytest.mark.parametrize('mutate,match', [
@@ -140,13 +168,13 @@ def test_gguf_crafted_headers(tmp_path, mutate, match):
     with pytest.raises(FormatError, match=match): G.open_gguf(p)
 
 def test_gguf_tensor_info_checks(tmp_path):
-    rng = np.random.default_rng(1)
     def refused(tensors, match, **kw):
         blob, _ = _tiny(tensors=tensors, **kw)
         p = tmp_path / 'x.gguf'; p.write_bytes(blob)
         with pytest.raises(FormatError, match=match): G.open_gguf(p)
     refused([('w', [48, 2], 8, b'\0' * 34 * 3)], 'multiple of the Q8_0 block size 32')
-    refused([('w', [32], 99, b'\0' * 34)], 'unknown or unsupported GGML type 99')
+    refused([('w', [32], 99, b'\0' * 34)], 'unknown GGML type id 99')
+    refused([('w', [32], 4, b'\0' * 18)], 'unknown GGML type id 4')     # a type ggml removed
     refused([('w', [1, 1, 1, 1, 1], 0, b'\0' * 4)], 'n_dims 5')
     refused([('w', [4], 0, b'\0' * 16), ('w', [4], 0, b'\0' * 16)], 'twice')
     refused([('w', [1 << 40], 0, b'\0' * 16)], 'past the end')
@@ -154,7 +182,8 @@ def test_gguf_tensor_info_checks(tmp_path):
     blob, info_at = _tiny(tensors=[('a', [8], 0, b'\0' * 32), ('b', [8], 0, b'\0' * 32)])
     off_b = blob.index(B.s('b')) + len(B.s('b')) + 4 + 8 + 4
     for val, match in [(4, 'not a multiple of the alignment'), (0, 'overlaps')]:
-        p = tmp_path / 'o.gguf'; p.write_bytes(blob[:off_b] + struct.pack('<Q', val) + blob[off_b + 8:])
+        p = tmp_path / 'o.gguf'
+        p.write_bytes(blob[:off_b] + struct.pack('<Q', val) + blob[off_b + 8:])
         with pytest.raises(FormatError, match=match): G.open_gguf(p)
     for kv, match in [(B.s('general.alignment') + struct.pack('<II', 4, 24), 'power of two'),
                       (B.s('k') + struct.pack('<I', 77), 'unknown value type 77'),
@@ -165,8 +194,34 @@ def test_gguf_tensor_info_checks(tmp_path):
         p = tmp_path / 'k.gguf'; p.write_bytes(blob)
         with pytest.raises(FormatError, match=match): G.open_gguf(p)
 
+UNDECODED = [t for t in GGMLType if t not in Q.DEQUANT_REF]
+
+@pytest.mark.parametrize('t', UNDECODED, ids=lambda t: t.name)
+def test_gguf_admits_types_it_cannot_decode(tmp_path, t):
+    """A file holding a tensor of a real ggml type gradus does not decode is admitted: metadata,
+    manifest and the other tensors readable, the tensor's bytes readable; decoding it raises a
+    FormatError naming the type. Offsets and sizes agree with gguf-py's reader."""
+    bs, ts = BLOCK[t]
+    blob_t = bytes(np.random.default_rng(int(t)).integers(0, 256, 3 * ts, dtype=np.uint8))
+    tensors = [('odd', [bs, 3], int(t), blob_t),
+               ('norm', [8], 0, np.arange(8, dtype='<f4').tobytes())]
+    blob, _ = B.build([B.kv_str('general.architecture', 'toy')], tensors)
+    p = tmp_path / 'odd.gguf'; p.write_bytes(blob)
+    g = G.open_gguf(p)
+    assert g.metadata['general.architecture'] == 'toy' and g.tensors['odd'].type == t
+    assert g.tensors['odd'].nbytes == 3 * ts and g.raw('odd').tobytes() == blob_t
+    assert np.array_equal(g.dequantize('norm'), np.arange(8, dtype=np.float32))
+    with pytest.raises(FormatError,
+                       match=rf"^tensor 'odd': unsupported GGML type {t.name} \({int(t)}\)$"):
+        g.dequantize('odd')
+    with pytest.raises(FormatError, match=t.name): g.matvec('odd', np.zeros(bs, np.float32))
+    assert f'odd                                  {t.name}' in G.manifest(p)
+    r = {rt.name: rt for rt in gguf.GGUFReader(p).tensors}
+    assert (r['odd'].data_offset, r['odd'].n_bytes) == (g.tensors['odd'].offset, 3 * ts)
+
 def test_gguf_array_cap_is_separate(smollm2):
-    with pytest.raises(FormatError, match="tokenizer.ggml.tokens.*max_array=1000"): G.open_gguf(smollm2, max_array=1000)
+    with pytest.raises(FormatError, match="tokenizer.ggml.tokens.*max_array=1000"):
+        G.open_gguf(smollm2, max_array=1000)
     G.open_gguf(smollm2, max_string=4096)         # the chat template and tokens fit
 
 # ---------- SmolLM2 ----------
@@ -183,16 +238,19 @@ def test_smollm2_header_matches_gguf_reader(smollm2):
     assert g.data_offset == r.data_offset
     for rt in r.tensors:
         t = g.tensors[rt.name]
-        assert (t.shape, t.type.name, t.offset, t.nbytes) == (tuple(int(d) for d in reversed(rt.shape)),
-                                                              rt.tensor_type.name, rt.data_offset, rt.n_bytes)
+        theirs = (tuple(int(d) for d in reversed(rt.shape)), rt.tensor_type.name,
+                  rt.data_offset, rt.n_bytes)
+        assert (t.shape, t.type.name, t.offset, t.nbytes) == theirs
     assert g.tensors['token_embd.weight'].shape == (49152, 576)
 
 def test_smollm2_every_tensor_bit_identical(smollm2):
     g, r = G.open_gguf(smollm2), gguf.GGUFReader(smollm2)
     for rt in r.tensors:
         ours = g.dequantize(rt.name)
-        theirs = gguf.quants.dequantize(rt.data, rt.tensor_type).astype(np.float32).reshape(ours.shape)
-        assert ours.dtype == np.float32 and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), rt.name
+        theirs = gguf.quants.dequantize(rt.data,
+                                        rt.tensor_type).astype(np.float32).reshape(ours.shape)
+        assert (ours.dtype == np.float32
+                and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))), rt.name
     assert g.dequantize('token_embd.weight').shape == (49152, 576)
 
 def test_smollm2_matvec(smollm2):
@@ -209,8 +267,10 @@ def tree():
     return {'emb': rng.standard_normal((5, 3)).astype(np.float32),
             'blocks': [{'attn': {'wq': rng.standard_normal((3, 3)).astype(np.float16)},
                         'g': rng.standard_normal(3).astype(ml_dtypes.bfloat16)} for _ in range(3)],
-            'f64': np.arange(4, dtype=np.float64), 'i32': np.arange(6, dtype=np.int32).reshape(2, 3),
-            'i64': np.array(9, np.int64), 'u8': np.arange(3, dtype=np.uint8), 'mask': np.array([True, False]),
+            'f64': np.arange(4, dtype=np.float64),
+            'i32': np.arange(6, dtype=np.int32).reshape(2, 3),
+            'i64': np.array(9, np.int64), 'u8': np.arange(3, dtype=np.uint8),
+            'mask': np.array([True, False]),
             'empty': np.zeros((0, 4), np.float32)}
 
 def test_safetensors_roundtrip_and_package_reads_ours(tmp_path):
@@ -225,19 +285,23 @@ def test_safetensors_roundtrip_and_package_reads_ours(tmp_path):
         assert flat_out[k].tobytes() == flat_in[k].tobytes(), k
     theirs = dict(safetensors.deserialize(p.read_bytes()))
     for k, v in flat_in.items():
-        assert bytes(theirs[k]['data']) == v.tobytes() and list(theirs[k]['shape']) == list(v.shape), k
+        assert (bytes(theirs[k]['data']) == v.tobytes()
+                and list(theirs[k]['shape']) == list(v.shape)), k
     with safetensors.safe_open(p, 'np') as f:
-        assert f.metadata() == meta and np.array_equal(f.get_tensor('blocks.2.attn.wq'), flat_in['blocks.2.attn.wq'])
+        assert (f.metadata() == meta
+                and np.array_equal(f.get_tensor('blocks.2.attn.wq'), flat_in['blocks.2.attn.wq']))
 
 def test_safetensors_reads_package_files(tmp_path):
     rng = np.random.default_rng(1)
     d = {'model.layers.0.self_attn.q_proj.weight': rng.standard_normal((4, 4)).astype(np.float16),
-         'model.embed_tokens.weight': rng.standard_normal((10, 4)).astype(np.float32), 'pos': np.arange(5, dtype=np.int64)}
+         'model.embed_tokens.weight': rng.standard_normal((10, 4)).astype(np.float32),
+         'pos': np.arange(5, dtype=np.int64)}
     safetensors.numpy.save_file(d, tmp_path / 'hf.safetensors', metadata={'format': 'pt'})
     flat, meta = st.load_safetensors(tmp_path / 'hf.safetensors', with_metadata=True)
     assert meta == {'format': 'pt'} and all(np.array_equal(flat[k], v) for k, v in d.items())
     nested = tree_from_dict(st.load_safetensors(tmp_path / 'hf.safetensors'))
-    assert np.array_equal(nested['model']['layers'][0]['self_attn']['q_proj']['weight'], d['model.layers.0.self_attn.q_proj.weight'])
+    assert np.array_equal(nested['model']['layers'][0]['self_attn']['q_proj']['weight'],
+                          d['model.layers.0.self_attn.q_proj.weight'])
 
 def forge(tmp_path, header, data=b'', raw=None):
     h = raw if raw is not None else json.dumps(header).encode()
@@ -245,7 +309,8 @@ def forge(tmp_path, header, data=b'', raw=None):
 
 @pytest.mark.parametrize('header,match', [
     ({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 12]}}, "'w'.*12 bytes"),
-    ({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}, 'v': {'dtype': 'U8', 'shape': [4], 'data_offsets': [4, 8]}}, "'v'.*overlap"),
+    ({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]},
+      'v': {'dtype': 'U8', 'shape': [4], 'data_offsets': [4, 8]}}, "'v'.*overlap"),
     ({'w': {'dtype': 'X', 'shape': [2], 'data_offsets': [0, 8]}}, "'w'.*dtype"),
     ({'w': {'dtype': 'F32', 'shape': [-2], 'data_offsets': [0, 8]}}, "'w'.*shape"),
     ({'w': {'dtype': 'F32', 'shape': [4], 'data_offsets': [0, 16]}}, "'w'.*outside"),
@@ -255,21 +320,25 @@ def forge(tmp_path, header, data=b'', raw=None):
     ([1, 2], "not an object"),
 ])
 def test_safetensors_bad_headers(tmp_path, header, match):
-    with pytest.raises(FormatError, match=match): st.load_safetensors(forge(tmp_path, header, bytes(12)))
+    with pytest.raises(FormatError, match=match):
+        st.load_safetensors(forge(tmp_path, header, bytes(12)))
 
 def test_safetensors_bad_lengths(tmp_path):
     p = tmp_path / 'x.safetensors'
     p.write_bytes(b'\x01\x02'); pytest.raises(FormatError, st.load_safetensors, p)
-    p.write_bytes(struct.pack('<Q', 1 << 62) + b'{}'); pytest.raises(FormatError, st.load_safetensors, p)
-    p.write_bytes(struct.pack('<Q', 100) + b'{}'); pytest.raises(FormatError, st.load_safetensors, p)
-    with pytest.raises(FormatError, match='JSON'): st.load_safetensors(forge(tmp_path, None, raw=b'{"w":'))
+    for head in (struct.pack('<Q', 1 << 62) + b'{}', struct.pack('<Q', 100) + b'{}'):
+        p.write_bytes(head); pytest.raises(FormatError, st.load_safetensors, p)
+    with pytest.raises(FormatError, match='JSON'):
+        st.load_safetensors(forge(tmp_path, None, raw=b'{"w":'))
 
 def test_safetensors_save_errors_and_atomicity(tmp_path, monkeypatch):
     p = tmp_path / 'c.safetensors'
-    with pytest.raises(FormatError, match="'bad'"): st.save_safetensors(p, {'bad': np.zeros(2, np.complex64)})
+    with pytest.raises(FormatError, match="'bad'"):
+        st.save_safetensors(p, {'bad': np.zeros(2, np.complex128)})
     with pytest.raises(FormatError, match='name 1 '): st.save_safetensors(p, {1: np.zeros(2)})
     with pytest.raises(FormatError, match='dict of arrays'): st.save_safetensors(p, [np.zeros(2)])
-    with pytest.raises(FormatError, match='metadata'): st.save_safetensors(p, {'a': np.zeros(2)}, metadata={'k': 1})
+    with pytest.raises(FormatError, match='metadata'):
+        st.save_safetensors(p, {'a': np.zeros(2)}, metadata={'k': 1})
     st.save_safetensors(p, {'a': np.ones(2)})
     before = p.read_bytes()
     def boom(*a): raise OSError('disk full')
@@ -277,14 +346,88 @@ def test_safetensors_save_errors_and_atomicity(tmp_path, monkeypatch):
     with pytest.raises(OSError): st.save_safetensors(p, {'a': np.zeros(2)})
     assert p.read_bytes() == before and sorted(os.listdir(tmp_path)) == ['c.safetensors']
 
+def _f32(shape, offs): return {'dtype': 'F32', 'shape': shape, 'data_offsets': offs}
+
+def _dup_names():   # the same name twice in the JSON text: json.dumps cannot write it
+    e = json.dumps(_f32([1], [0, 4])).encode()
+    return b'{"w":' + e + b',"w":' + e + b'}'
+
+# Each file breaks one rule of the format. The reference reader (the `safetensors` package) refuses
+# the same bytes, except the repeated name, which its JSON reader resolves by keeping the last one.
+FORMAT_RULES = [
+    ('hole between tensors', {'w': _f32([1], [0, 4]), 'v': _f32([1], [8, 12])}, 12, 'hole'),
+    ('unindexed tail', {'w': _f32([2], [0, 8])}, 12, r'\[8, 12\) after the last tensor'),
+    ('first tensor not at 0', {'w': _f32([1], [4, 8])}, 8, 'hole before tensor .w.'),
+    ('empty header, data', {}, 4, r'\[0, 4\) after'),
+    ('zero-size inside another', {'w': _f32([2], [0, 8]), 'z': _f32([0], [4, 4])}, 8, 'overlap'),
+    ('overlap', {'w': _f32([2], [0, 8]), 'v': _f32([1], [4, 8])}, 8, "'v'.*overlap"),
+    ('sub-byte size', {'q': {'dtype': 'F4', 'shape': [3], 'data_offsets': [0, 2]}}, 2, '12 bits'),
+    ('float in shape', {'w': _f32([2.0], [0, 8])}, 8, 'shape'),
+    ('bool in shape', {'w': _f32([True], [0, 4])}, 4, 'shape'),
+    ('three offsets', {'w': _f32([2], [0, 8, 8])}, 8, 'data_offsets'),
+    ('missing shape', {'w': {'dtype': 'F32', 'data_offsets': [0, 8]}}, 8, 'shape'),
+    ('lower-case dtype', {'w': {**_f32([2], [0, 8]), 'dtype': 'f32'}}, 8, 'dtype'),
+    ('metadata null entry', {'__metadata__': {'a': None}}, 0, '__metadata__'),
+]
+
+@pytest.mark.parametrize('why,header,nbytes,match', FORMAT_RULES, ids=[r[0] for r in FORMAT_RULES])
+def test_safetensors_format_rules_like_the_reference(tmp_path, why, header, nbytes, match):
+    p = forge(tmp_path, header, bytes(nbytes))
+    with pytest.raises(Exception): safetensors.deserialize(p.read_bytes())   # the reference refuses
+    with pytest.raises(FormatError, match=match): st.load_safetensors(p)
+
+def test_safetensors_repeated_name_refused(tmp_path):
+    p = forge(tmp_path, None, bytes(4), raw=_dup_names())
+    assert list(dict(safetensors.deserialize(p.read_bytes()))) == ['w']   # the package keeps one
+    with pytest.raises(FormatError, match="'w' twice"): st.load_safetensors(p)
+
+VALID = [   # files the reference accepts: gradus must too
+    ('no tensors', {}, 0),
+    ('zero-size tensors share an offset', {'a': _f32([0], [0, 0]), 'b': _f32([0, 3], [0, 0])}, 0),
+    ('extra entry field', {'w': {**_f32([2], [0, 8]), 'extra': 1}}, 8),
+    ('metadata null', {'__metadata__': None, 'w': _f32([2], [0, 8])}, 8),
+    ('offsets out of name order', {'a': _f32([1], [4, 8]), 'b': _f32([1], [0, 4])}, 8),
+]
+
+@pytest.mark.parametrize('why,header,nbytes', VALID, ids=[r[0] for r in VALID])
+def test_safetensors_valid_edge_files_like_the_reference(tmp_path, why, header, nbytes):
+    p = forge(tmp_path, header, bytes(range(nbytes)))
+    theirs = {k: bytes(v['data']) for k, v in safetensors.deserialize(p.read_bytes())}
+    ours = st.load_safetensors(p)
+    assert {k: v.tobytes() for k, v in ours.items()} == theirs
+
+def test_safetensors_dtype_table_is_the_formats(tmp_path):
+    """gradus knows every dtype name the reference knows (taken from its own error message), loads
+    those numpy can hold with the reference's element size, and refuses to unpack the others."""
+    bad = b'{"x":{"dtype":"NOPE","shape":[],"data_offsets":[0,0]}}'
+    with pytest.raises(Exception) as e: safetensors.deserialize(struct.pack('<Q', len(bad)) + bad)
+    theirs = set(re.findall(r'`([A-Z0-9_]+)`', str(e.value))) - {'NOPE'}
+    assert len(theirs) >= 15 and set(st.SAFETENSORS_BITS) == theirs
+    for name, bits in st.SAFETENSORS_BITS.items():
+        n = 8 // math.gcd(8, bits) * 2             # elements that fill whole bytes
+        p = forge(tmp_path,
+                  {'t': {'dtype': name, 'shape': [n], 'data_offsets': [0, n * bits // 8]}},
+                  bytes(n * bits // 8))
+        theirs = dict(safetensors.deserialize(p.read_bytes()))['t']
+        assert len(bytes(theirs['data'])) == n * bits // 8
+        infos, _ = st.read_safetensors_header(p)
+        assert infos['t'].nbytes == n * bits // 8, name
+        if name in st.SAFETENSORS_DTYPES:
+            assert st.load_safetensors(p)['t'].shape == (n,)
+        else:
+            with pytest.raises(FormatError, match=f"dtype {name} is valid safetensors"):
+                st.load_safetensors(p)
+
 # ---------- manifest and CLI ----------
 def run_cli(*args):
-    return subprocess.run([sys.executable, '-m', 'gradus', *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, '-m', 'gradus', *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
 
 def test_cli_inspect_gguf_and_safetensors(tmp_path, every_type_file):
     r = run_cli('inspect', str(every_type_file))
     assert r.returncode == 0, r.stderr
-    assert 'architecture  toy' in r.stdout and 't_Q4_K' in r.stdout and 'Q6_K' in r.stdout and 'max_array=' in r.stdout
+    assert ('architecture  toy' in r.stdout and 't_Q4_K' in r.stdout and 'Q6_K' in r.stdout
+            and 'max_array=' in r.stdout)
     st.save_safetensors(tmp_path / 'm.safetensors', tree_to_dict(tree()), {'k': 'v'})
     r = run_cli('inspect', str(tmp_path / 'm.safetensors'))
     assert r.returncode == 0 and 'blocks.1.attn.wq' in r.stdout and 'BF16' in r.stdout
@@ -301,4 +444,5 @@ def test_manifest_smollm2(smollm2):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf): assert main(['inspect', str(smollm2)]) == 0
     out = buf.getvalue()
-    assert 'architecture  llama' in out and '(49152, 576)' in out and '49152 tokens, 48900 merges' in out
+    assert ('architecture  llama' in out and '(49152, 576)' in out
+            and '49152 tokens, 48900 merges' in out)

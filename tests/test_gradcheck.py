@@ -1,5 +1,6 @@
-"""Every differentiable primitive and composite op against central differences in float64, through the full
-trace -> VJP transform -> codegen path (`check_grads`), plus the documented conventions and dtype contracts."""
+"""Every differentiable primitive and composite op against central differences in float64, through
+the full trace -> VJP transform -> codegen path (`check_grads`), plus the documented conventions and
+dtype contracts."""
 import numpy as np
 import pytest
 import ml_dtypes
@@ -27,7 +28,9 @@ CASES = {
     # unary
     'negative': (lambda a: -a, (r(3),)), 'exp': (T.exp, (r(3, 2),)), 'log': (T.log, (pos(4),)),
     'log1p': (T.log1p, (pos(4),)), 'sin': (T.sin, (r(3),)), 'cos': (T.cos, (r(3),)),
-    'tanh': (T.tanh, (r(3),)), 'sqrt': (T.sqrt, (pos(3),)), 'abs': (T.absolute, (r(4),)), 'erf': (T.erf, (r(5),)),
+    'tanh': (T.tanh, (r(3),)), 'sqrt': (T.sqrt, (pos(3),)), 'abs': (T.absolute, (r(4),)),
+    'erf': (T.erf, (r(5),)),
+    'erfc': (T.erfc, (r(5),)), 'erfc_tail': (T.erfc, (pos(4) * 4,)),
     # selection
     'where': (lambda x, y: T.where(x > 0, x * 2, y), (r(4, 3), r(3))),
     # matmul: plain, batched with broadcast batch axes, vectors, batch @ weight
@@ -64,11 +67,17 @@ CASES = {
     'logsumexp': (lambda a: T.logsumexp(a, axis=0), (r(3, 4),)),
     'logsumexp_huge': (T.logsumexp, (np.array([[1e4, 1e4 - 1.0, 0.0]]),)),
     'logsumexp_neg_inf': (T.logsumexp, (np.array([[0.5, -np.inf, 1.0]]),)),
+    'logsumexp_tiny_rest': (T.logsumexp, (np.array([[0.0, -30.0, -25.0], [2.0, 2.0, -3.0]]),)),
+    'log_softmax_ties': (T.log_softmax, (np.array([[1.0, 1.0, -2.0], [0.0, -30.0, -1.0]]),)),
     'relu': (T.relu, (r(6),)),
     'sigmoid': (T.sigmoid, (r(6) * 5,)),
+    'sigmoid_tails': (T.sigmoid, (np.array([-30.0, -12.0, 12.0, 30.0]),)),
     'softplus': (T.softplus, (r(6) * 5,)),
     'gelu_tanh': (T.gelu, (r(6),)),
+    'gelu_tanh_tail': (T.gelu, (np.array([-8.0, -5.0, -3.5, 4.0]),)),
     'gelu_exact': (lambda a: T.gelu(a, approximate=False), (r(6),)),
+    'gelu_exact_tail': (lambda a: T.gelu(a, approximate=False), (np.array([-9.0, -6.0, -4.0, 5]),)),
+    'gelu_tanh_composite': (T.gelu_tanh_reference, (r(6) * 3,)),
 }
 
 
@@ -78,9 +87,10 @@ def test_first_order(name):
     assert gd.check_grads(f, args) <= 1
 
 
-SECOND = ['multiply', 'divide', 'power_both', 'exp', 'log', 'tanh', 'sqrt', 'erf', 'sin', 'matmul_batch_bcast',
-          'max_axis', 'take_repeated', 'getitem_basic', 'softmax', 'logsumexp', 'gelu_tanh', 'var', 'where',
-          'concatenate', 'broadcast_to']
+SECOND = ['multiply', 'divide', 'power_both', 'exp', 'log', 'tanh', 'sqrt', 'erf', 'erfc', 'sin',
+          'matmul_batch_bcast', 'max_axis', 'take_repeated', 'getitem_basic', 'softmax',
+          'logsumexp', 'gelu_tanh', 'var', 'where', 'concatenate', 'broadcast_to', 'sigmoid',
+          'log_softmax_ties', 'gelu_exact', 'gelu_tanh_tail']
 
 
 @pytest.mark.parametrize('name', SECOND)
@@ -90,7 +100,7 @@ def test_second_order(name):
 
 
 def test_every_differentiable_primitive_is_swept():
-    "A new primitive must be added to the sweep: compare the primitives reached by tracing the cases."
+    "A new primitive must join the sweep: compare the primitives reached by tracing the cases."
     seen = set()
     for f, args in CASES.values():
         g = gd.trace(gd.grad(lambda *a: T.sum(f(*a) * 1.0), argnums=tuple(range(len(args)))), *args)
@@ -101,13 +111,13 @@ def test_every_differentiable_primitive_is_swept():
 
 
 def test_cast_through_float32():
-    "cast's VJP casts back; the float32 round trip is a step function at 1e-7, so the step is 1e-2 here."
+    "cast's VJP casts back; a float32 round trip is a step function at 1e-7: the step is 1e-2 here."
     f = lambda a: T.cast(T.cast(a, np.float32), np.float64) * a
     assert any(e.prim.name == 'cast' for e in gd.trace(f, r(3)).eqns)
     assert gd.check_grads(f, (r(3),), eps=1e-2, rtol=1e-3, atol=1e-4) <= 1
 
 
-# --- conventions ----------------------------------------------------------------------------------------------
+# --- conventions ---------------------------------------------------------------------------------
 
 def test_max_ties_share_equally():
     g = gd.grad(lambda x: T.max(x))(np.array([3.0, 1.0, 3.0, 3.0]))
@@ -143,7 +153,7 @@ def test_logsumexp_stable_values():
     assert np.allclose(g, [1, 0, 0]) and np.isfinite(g).all()
 
 
-# --- dtype contracts ------------------------------------------------------------------------------------------
+# --- dtype contracts -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize('dt', [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
 def test_gradient_has_primal_shape_and_dtype(dt):
@@ -176,10 +186,11 @@ def test_check_grads_catches_a_wrong_rule():
         gd.check_grads(bad, (r(3),))
 
 
-@pytest.mark.parametrize('op', [T.sqrt, T.erf, T.exp, T.tanh, T.sigmoid, T.gelu, lambda x: T.gelu(x, approximate=False),
+@pytest.mark.parametrize('op', [T.sqrt, T.erf, T.erfc, T.exp, T.tanh, T.sigmoid, T.gelu,
+                                lambda x: T.gelu(x, approximate=False),
                                 T.softplus, lambda x: T.maximum(x, x), T.log_softmax, T.softmax])
 def test_bfloat16_stays_bfloat16(op):
-    "numpy with ml_dtypes turns bfloat16 * python float into float32; neither values nor gradients may do that."
+    "numpy with ml_dtypes turns bfloat16 * python float into float32; values and gradients may not."
     x = np.linspace(0.5, 1.0, 4).astype(ml_dtypes.bfloat16)
     assert op(x).dtype == x.dtype
     assert gd.grad(lambda x: T.sum(op(x)))(x).dtype == x.dtype

@@ -1,4 +1,5 @@
-"Keys, initialisers and layers: reproducibility, statistics, numpy oracles, float64 gradient proofs, errors."
+"""Keys, initialisers and layers: reproducibility, statistics, numpy oracles, float64 gradient
+proofs, errors."""
 import math
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ def test_keys_reproducible_and_distinct():
     assert not np.array_equal(random.key(7), random.key(8))
     ks = random.split(k, 100)
     assert ks.shape == (100, 2) and len({tuple(r) for r in ks}) == 100
-    assert np.array_equal(random.split(k, 5), random.split(k, 5)) and np.array_equal(random.split(k, 5)[:3], random.split(k, 3))
+    assert (np.array_equal(random.split(k, 5), random.split(k, 5))
+            and np.array_equal(random.split(k, 5)[:3], random.split(k, 3)))
     folded = {tuple(random.fold_in(k, i)) for i in range(100)}
     assert len(folded) == 100 and not folded & {tuple(r) for r in ks}
     a = random.rng(k).standard_normal(5)
@@ -72,9 +74,11 @@ def _rows():
 
 def test_layer_norm_oracle_and_grads():
     x = _rows()
-    p = {'scale': np.random.default_rng(4).standard_normal(6), 'bias': np.random.default_rng(5).standard_normal(6)}
+    p = {'scale': np.random.default_rng(4).standard_normal(6),
+         'bias': np.random.default_rng(5).standard_normal(6)}
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    np.testing.assert_allclose(nn.layer_norm(p, x), (x - mu) / np.sqrt(var + 1e-5) * p['scale'] + p['bias'], rtol=1e-12)
+    np.testing.assert_allclose(nn.layer_norm(p, x),
+                               (x - mu) / np.sqrt(var + 1e-5) * p['scale'] + p['bias'], rtol=1e-12)
     gd.check_grads(nn.layer_norm, (p, x))            # includes a constant row and a zero row
     for dtype in (np.float32, np.float64):
         xc = np.full((3, 6), 2.5, dtype)
@@ -86,7 +90,9 @@ def test_layer_norm_oracle_and_grads():
 def test_rms_norm_oracle_and_grads():
     x = _rows()
     p = {'scale': np.random.default_rng(6).standard_normal(6)}
-    np.testing.assert_allclose(nn.rms_norm(p, x), x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * p['scale'], rtol=1e-12)
+    np.testing.assert_allclose(nn.rms_norm(p, x),
+                               x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * p['scale'],
+                               rtol=1e-12)
     gd.check_grads(nn.rms_norm, (p, x))
     for dtype in (np.float32, np.float64):
         g = gd.grad(lambda p, x: T.sum(nn.rms_norm(p, x) ** 2), argnums=(0, 1))(
@@ -99,12 +105,14 @@ def test_dropout():
     y = nn.dropout(random.key(0), x, 0.25, True)
     assert y.dtype == np.float32 and abs(np.mean(y == 0) - 0.25) < 0.01 and abs(y.mean() - 1) < 0.02
     assert set(np.unique(y)) == {0.0, np.float32(1 / 0.75)}
-    assert nn.dropout(random.key(0), x, 0.25, False) is x and nn.dropout(random.key(0), x, 0.0, True) is x
+    assert (nn.dropout(random.key(0), x, 0.25, False) is x
+            and nn.dropout(random.key(0), x, 0.0, True) is x)
     for bad in (1.0, -0.1, 'a'):
         with pytest.raises(ValueError): nn.dropout(random.key(0), x, bad, True)
     f = gd.jit(lambda k, x: nn.dropout(k, x, 0.5, True))
     a, b = f(random.key(1), x[:4]), f(random.key(2), x[:4])
-    assert not np.array_equal(a, b) and np.array_equal(a, nn.dropout(random.key(1), x[:4], 0.5, True))
+    assert (not np.array_equal(a, b)
+            and np.array_equal(a, nn.dropout(random.key(1), x[:4], 0.5, True)))
     xs = np.random.default_rng(0).standard_normal((3, 4))
     gd.check_grads(lambda x: nn.dropout(random.key(5), x, 0.3, True), (xs,))
 

@@ -1,4 +1,5 @@
-"Optimizers against updates written out here, schedules at their landmarks, clipping, and the errors."
+"""Optimizers against updates written out here, schedules at their landmarks, clipping, and the
+errors."""
 import math
 import numpy as np
 import pytest
@@ -29,7 +30,8 @@ def test_sgd_momentum_by_hand(nesterov):
 
 
 def test_sgd_plain_and_weight_decay():
-    out, s = run(optim.sgd(0.5, weight_decay=0.1), {'w': np.array([2.0, 0.0])}, [{'w': g} for g in G[:1]])
+    out, s = run(optim.sgd(0.5, weight_decay=0.1), {'w': np.array([2.0, 0.0])},
+                 [{'w': g} for g in G[:1]])
     np.testing.assert_allclose(out[0]['w'], [2.0 - 0.5 * (0.5 + 0.2), 0.5])
     assert set(s) == {'step'}
 
@@ -45,7 +47,8 @@ def test_adamw_by_hand_with_mask_and_schedule():
         for t, g in enumerate(grads, start=1):
             g = g[name].ravel()
             m = 0.5 * m + 0.5 * g; v = 0.75 * v + 0.25 * g * g
-            upd = (m / (1 - 0.5 ** t)) / (np.sqrt(v / (1 - 0.75 ** t)) + 1e-3) + (0.2 * p if decays else 0)
+            upd = (m / (1 - 0.5 ** t)) / (np.sqrt(v / (1 - 0.75 ** t)) + 1e-3)
+            upd = upd + (0.2 * p if decays else 0)
             p = p - sched(t - 1) * upd
             np.testing.assert_allclose(out[t - 1][name].ravel(), p, rtol=1e-14)
     assert int(s['step']) == 4 and s['mu']['w'].shape == (1, 2)
@@ -57,37 +60,64 @@ def test_decoupled_decay_only_on_masked_leaves():
     out, _ = run(optim.adamw(0.1, weight_decay=0.5, mask=optim.decay_mask), params, [zero])
     np.testing.assert_allclose(out[0]['w'], 1 - 0.1 * 0.5)
     np.testing.assert_array_equal(out[0]['b'], 1.0)
-    out, _ = run(optim.adamw(0.1, weight_decay=0.5), params, [zero])          # default: every leaf decays
+    out, _ = run(optim.adamw(0.1, weight_decay=0.5), params,
+                 [zero])          # default: every leaf decays
     np.testing.assert_allclose(out[0]['b'], 0.95)
     out, _ = run(optim.adamw(0.1, weight_decay=0.5, mask={'w': False, 'b': True}), params, [zero])
     np.testing.assert_array_equal(out[0]['w'], 1.0)
 
 
-def test_adam_is_adamw_without_decay():
-    p = np.array([1.0, -1.0])
-    a, _ = run(optim.adam(0.01), p, G)
-    b, _ = run(optim.adamw(0.01, weight_decay=0.0), p, G)
-    np.testing.assert_array_equal(a[-1], b[-1])
+def adam_reference(p0, grads, lr, b1, b2, eps):
+    """Adam as Kingma & Ba (2015) Algorithm 1 writes it, one scalar at a time in plain Python floats
+    (no numpy, no gradus): the trajectory of every coordinate."""
+    out = []
+    for i, theta in enumerate(p0):
+        m = v = 0.0; traj = []
+        for t, g in enumerate(grads, start=1):
+            g = float(g[i])
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+            theta = theta - lr * m_hat / (math.sqrt(v_hat) + eps)
+            traj.append(theta)
+        out.append(traj)
+    return np.array(out).T          # (steps, coordinates)
+
+@pytest.mark.parametrize('betas,eps', [((0.9, 0.999), 1e-8), ((0.5, 0.75), 1e-3)])
+def test_adam_against_a_hand_written_reference(betas, eps):
+    """`optim.adam` follows the paper's algorithm step by step (and applies no weight decay); the
+    reference shares no code with gradus."""
+    p0 = [1.0, -1.0]
+    got, s = run(optim.adam(0.01, betas=betas, eps=eps), np.array(p0), G)
+    want = adam_reference(p0, G, 0.01, *betas, eps)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-13, atol=1e-15)
+    assert int(s['step']) == len(G)
 
 
-@pytest.mark.parametrize('make', [lambda: optim.sgd(0.1, momentum=0.9), lambda: optim.adamw(optim.cosine_decay(1e-2, 10))])
+@pytest.mark.parametrize('make',
+                         [lambda: optim.sgd(0.1, momentum=0.9),
+                          lambda: optim.adamw(optim.cosine_decay(1e-2, 10))])
 def test_float32_stays_float32(make):
     p = {'w': np.ones((3, 2), np.float32), 'b': np.zeros(2, np.float32)}
     opt = make(); s = opt.init(p)
     for _ in range(3):
         p, s = opt.update(gd.tree_map(lambda a: np.full_like(a, 0.3), p), s, p)
-    assert all(l.dtype == np.float32 for l in gd.tree_leaves((p, s['mu'] if 'mu' in s else s['momentum'])))
+    moments = s['mu'] if 'mu' in s else s['momentum']
+    assert all(leaf.dtype == np.float32 for leaf in gd.tree_leaves((p, moments)))
 
 
 def test_update_refuses_mismatched_gradients():
     opt = optim.adamw(0.1); p = {'w': np.ones((2, 2), np.float32)}; s = opt.init(p)
-    with pytest.raises(ShapeError, match="w has shape"): opt.update({'w': np.ones((2, 1), np.float32)}, s, p)
+    with pytest.raises(ShapeError, match="w has shape"):
+        opt.update({'w': np.ones((2, 1), np.float32)}, s, p)
     with pytest.raises(DTypeError, match="float64"): opt.update({'w': np.ones((2, 2))}, s, p)
-    with pytest.raises(ShapeError, match="tree"): opt.update({'v': np.ones((2, 2), np.float32)}, s, p)
+    with pytest.raises(ShapeError, match="tree"):
+        opt.update({'v': np.ones((2, 2), np.float32)}, s, p)
 
 
 def test_bad_hyperparameters():
-    for bad in (lambda: optim.sgd(-1.0), lambda: optim.sgd(0.1, momentum=1.0), lambda: optim.sgd(0.1, nesterov=True),
+    for bad in (lambda: optim.sgd(-1.0), lambda: optim.sgd(0.1, momentum=1.0),
+                lambda: optim.sgd(0.1, nesterov=True),
                 lambda: optim.adamw(0.1, betas=(0.9, 1.0)), lambda: optim.adamw(0.1, eps=-1.0),
                 lambda: optim.adamw(float('nan')), lambda: optim.adamw(0.1, weight_decay=-0.1),
                 lambda: optim.warmup_cosine(1.0, 10, 10), lambda: optim.linear_warmup(1.0, 0),
@@ -100,22 +130,26 @@ def test_schedules():
     w = optim.linear_warmup(1.0, 4)
     assert [w(t) for t in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     c = optim.cosine_decay(1.0, 10, floor=0.1)
-    assert c(0) == 1.0 and math.isclose(c(5), 0.55) and math.isclose(c(10), 0.1) and math.isclose(c(99), 0.1)
+    assert (c(0) == 1.0 and math.isclose(c(5), 0.55) and math.isclose(c(10), 0.1)
+            and math.isclose(c(99), 0.1))
     s = optim.warmup_cosine(2.0, 5, 25, floor=0.2)
-    assert s(0) == 0.4 and s(4) == 2.0 and s(5) == 2.0 and math.isclose(s(15), 1.1) and math.isclose(s(25), 0.2)
+    assert (s(0) == 0.4 and s(4) == 2.0 and s(5) == 2.0 and math.isclose(s(15), 1.1)
+            and math.isclose(s(25), 0.2))
     vals = [s(t) for t in range(5, 40)]
     assert all(a >= b for a, b in zip(vals, vals[1:]))
 
 
 def test_schedule_drives_the_update():
-    out, _ = run(optim.sgd(lambda t: [1.0, 10.0][t]), np.array([0.0]), [np.array([1.0]), np.array([1.0])])
+    out, _ = run(optim.sgd(lambda t: [1.0, 10.0][t]), np.array([0.0]),
+                 [np.array([1.0]), np.array([1.0])])
     np.testing.assert_array_equal([o[0] for o in out], [-1.0, -11.0])
 
 
 def test_clip_by_global_norm():
     g = {'a': np.array([3.0], np.float32), 'b': [np.array([[4.0]], np.float32)]}
     c, n = optim.clip_by_global_norm(g, 2.5)
-    assert n == 5.0 and c['a'][0] == np.float32(1.5) and c['b'][0][0, 0] == np.float32(2.0) and c['a'].dtype == np.float32
+    assert (n == 5.0 and c['a'][0] == np.float32(1.5) and c['b'][0][0, 0] == np.float32(2.0)
+            and c['a'].dtype == np.float32)
     c, n = optim.clip_by_global_norm(g, 10.0)
     assert c is g and n == 5.0
     z = gd.tree_map(np.zeros_like, g)

@@ -1,5 +1,6 @@
-"""The project's own invariants: the package matches the notebooks, notebooks are clean, README is current."""
-import difflib, json, shutil, subprocess, sys
+"""The project's own invariants: the package matches the notebooks, notebooks are clean, README is
+current, the code passes ruff and the module graph is one-way."""
+import ast, difflib, json, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -9,7 +10,8 @@ NBS = sorted((ROOT / 'nbs').glob('*.ipynb'))
 
 def test_export_changes_nothing(tmp_path):
     "Running nbdev-export on a copy of the project reproduces gradus/ exactly."
-    for name in ('nbs', 'gradus'): shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns('__pycache__'))
+    for name in ('nbs', 'gradus'):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns('__pycache__'))
     shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     exe = Path(sys.executable).with_name('nbdev-export')
     subprocess.run([str(exe)], cwd=tmp_path, check=True, capture_output=True)
@@ -35,8 +37,132 @@ def test_notebook_is_clean(nb):
 
 
 def test_readme_is_current():
-    "README.md is nbs/index.ipynb rendered by tools/readme.py; regenerate it after editing the index notebook."
+    """README.md is nbs/index.ipynb rendered by tools/readme.py; regenerate it after editing the
+    index notebook."""
     sys.path.insert(0, str(ROOT / 'tools'))
     try: from readme import render
     finally: sys.path.pop(0)
-    assert (ROOT / 'README.md').read_text() == render(), "README.md is stale: run `python tools/readme.py`"
+    assert (ROOT / 'README.md').read_text() == render(), \
+        "README.md is stale: run `python tools/readme.py`"
+
+
+def test_ruff_clean():
+    "ruff (pyflakes, lines <= 100 characters; configured in pyproject.toml) passes everywhere."
+    cmd = [sys.executable, '-m', 'ruff', 'check', '--no-cache', '--output-format', 'concise',
+           'gradus', 'tests', 'exempla']
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, f"ruff check gradus tests exempla:\n{r.stdout}{r.stderr}"
+
+
+# The module graph stated in nbs/index.ipynb, as a rank per module: a module may import only
+# modules of strictly lower rank, so every edge points down and no cycle can form. Part I is the
+# chain dtype -> shape -> tensor -> autograd -> loss/random -> nn/optim -> train; attention on nn,
+# gpt on attention. The numpy-only group (safetensors < quants < gguf < tokenizer) ranks below
+# dtype: it may import its own lower members and nothing of the autograd stack. decode and models
+# join the two arcs. A new module gets its rank here, at its place in that order.
+RANKS = {'safetensors': -4, 'quants': -3, 'gguf': -2, 'tokenizer': -1,
+         'dtype': 0, 'shape': 1, 'tensor': 2, 'autograd': 3, 'loss': 4, 'random': 4,
+         'nn': 5, 'optim': 5, 'train': 6, 'attention': 6, 'gpt': 7, 'decode': 8,
+         'models': 9, 'shakespeare': 9, 'lowering': 9, 'cli': 10, '__main__': 11}
+NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'tokenizer'}
+UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
+
+
+def edges_of(tree, modules=()):
+    """[(imported gradus module, line, at top level?)] of a parsed module. An absolute import
+    (`import gradus`, `from gradus import x`, `from gradus.gguf import x`) is recorded as an
+    import of 'gradus' itself, followed by the submodule it names, if any (for `from gradus
+    import x`: when `x` is one of `modules`)."""
+    top, edges = {id(n) for n in tree.body}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:  # from . import a; from .a import x
+            names = [node.module.split('.')[0]] if node.module else [a.name for a in node.names]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            full = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            names = [n for f in full if f.split('.')[0] == 'gradus' for n in f.split('.')[:2]]
+            if isinstance(node, ast.ImportFrom) and node.module == 'gradus':
+                names += [a.name for a in node.names if a.name in modules]
+        else: continue
+        edges += [(n, node.lineno, id(node) in top) for n in names]
+    return edges
+
+
+def package_imports():
+    "{module: edges_of(module)} for every gradus/*.py."
+    paths = sorted((ROOT / 'gradus').glob('*.py'))
+    return {p.stem: edges_of(ast.parse(p.read_text(), str(p)), {q.stem for q in paths})
+            for p in paths}
+
+
+def find_cycle(graph):
+    "A list of modules forming an import cycle in {module: set of imports}, or None."
+    state = {}
+    def visit(m, path):
+        state[m] = 'open'
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 'open': return path[path.index(d):] + [d]
+            if d not in state and (c := visit(d, path + [d])): return c
+        state[m] = 'done'
+    for m in sorted(graph):
+        if m not in state and (c := visit(m, [m])): return c
+
+
+def edge_problems(mod, dep, at_top):
+    "What is wrong with `mod` importing `dep` (a gradus module or 'gradus'): a list of reasons."
+    if dep == 'gradus': return ["imports the package `gradus` itself (import modules relatively)"]
+    why = [] if at_top else [f"a function-local import of {dep} hides an edge"]
+    if mod in UNRANKED: return why
+    if dep not in RANKS: return why + [f"imports gradus.{dep}, which has no rank in RANKS"]
+    if mod in NUMPY_ONLY and dep not in NUMPY_ONLY:
+        return why + [f"numpy-only {mod} imports {dep} of the autograd stack"]
+    if RANKS[dep] >= RANKS[mod]:
+        why.append(f"{mod} (rank {RANKS[mod]}) imports {dep} (rank {RANKS[dep]}): "
+                   "not pointing down")
+    return why
+
+
+def graph_problems(imports):
+    "Every way `imports` ({module: edges_of(module)}) breaks the stated graph, one line each."
+    unknown = sorted(set(imports) - set(RANKS) - UNRANKED)
+    problems = [f"gradus/{m}.py has no rank: add it to RANKS in tests/test_project.py at its "
+                "place in the graph nbs/index.ipynb states" for m in unknown]
+    for mod, edges in imports.items():
+        if mod in unknown: continue
+        for dep, line, at_top in edges:
+            problems += [f"gradus/{mod}.py:{line}: {w}" for w in edge_problems(mod, dep, at_top)]
+    graph = {m: {d for d, _, _ in edges if d in imports} for m, edges in imports.items()}
+    if (cycle := find_cycle(graph)): problems.append('import cycle: ' + ' -> '.join(cycle))
+    return problems
+
+
+def test_module_graph_is_one_way():
+    """The import graph of gradus/*.py is the one nbs/index.ipynb states: every edge points to a
+    lower rank, the numpy-only group never reaches the autograd stack, no module imports `gradus`
+    itself, no function-local import hides an edge, and there is no cycle."""
+    problems = graph_problems(package_imports())
+    assert not problems, '\n'.join(problems)
+
+
+def test_module_graph_check_can_fail():
+    "The checks above see each kind of break, on small made-up sources and graphs."
+    src = ("from . import nn, shape\nimport gradus\nfrom gradus.tensor import add\n"
+           "def f():\n    from .autograd import grad\n    from gradus import gpt, jit\n")
+    assert edges_of(ast.parse(src), {'gpt'}) == [
+        ('nn', 1, True), ('shape', 1, True), ('gradus', 2, True), ('gradus', 3, True),
+        ('tensor', 3, True), ('autograd', 5, False), ('gradus', 6, False), ('gpt', 6, False)]
+    assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
+    assert find_cycle({'a': {'b'}, 'b': set(), 'c': {'a'}}) is None
+    found = graph_problems({'tensor': [('autograd', 7, True)], 'autograd': [('tensor', 2, True)],
+                            'gguf': [('nn', 3, True), ('quants', 4, False)], 'quants': [],
+                            'nn': [('gradus', 9, True)], 'mystery': [('tensor', 1, True)],
+                            'cli': [('__main__', 5, False)]})
+    assert found == [
+        "gradus/mystery.py has no rank: add it to RANKS in tests/test_project.py at its place in "
+        "the graph nbs/index.ipynb states",
+        "gradus/tensor.py:7: tensor (rank 2) imports autograd (rank 3): not pointing down",
+        "gradus/gguf.py:3: numpy-only gguf imports nn of the autograd stack",
+        "gradus/gguf.py:4: a function-local import of quants hides an edge",
+        "gradus/nn.py:9: imports the package `gradus` itself (import modules relatively)",
+        "gradus/cli.py:5: a function-local import of __main__ hides an edge",
+        "gradus/cli.py:5: cli (rank 10) imports __main__ (rank 11): not pointing down",
+        "import cycle: autograd -> tensor -> autograd"], found

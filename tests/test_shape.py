@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
-from gradus.shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape, reshape_shape, normalize_axis)
+from gradus.shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape,
+                          reshape_shape, normalize_axis)
 
 dims = st.lists(st.integers(1, 4), min_size=0, max_size=4).map(tuple)
 dims1 = st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple)
@@ -21,7 +22,8 @@ def ours_or_none(fn):
 @settings(max_examples=300, deadline=None)
 @given(dims, dims, dims)
 def test_broadcast_shapes_matches_numpy(a, b, c):
-    assert ours_or_none(lambda: broadcast_shapes(a, b, c)) == numpy_or_none(lambda: np.broadcast_shapes(a, b, c))
+    expect = numpy_or_none(lambda: np.broadcast_shapes(a, b, c))
+    assert ours_or_none(lambda: broadcast_shapes(a, b, c)) == expect
 
 
 @settings(max_examples=300, deadline=None)
@@ -53,12 +55,17 @@ def test_reduce_to_shape_inverts_broadcast(shape, extra):
 
 
 def test_shape_error_names_operation_and_shapes():
-    with pytest.raises(ShapeError, match=r"matmul.*\(3, 4\).*\(5, 6\)"): matmul_shape((3, 4), (5, 6))
-    with pytest.raises(ShapeError, match=r"add.*\(64, 10\).*\(64,\)"): broadcast_shapes((64, 10), (64,), op='add')
+    with pytest.raises(ShapeError, match=r"matmul.*\(3, 4\).*\(5, 6\)"):
+        matmul_shape((3, 4), (5, 6))
+    with pytest.raises(ShapeError, match=r"add.*\(64, 10\).*\(64,\)"):
+        broadcast_shapes((64, 10), (64,), op='add')
+    with pytest.raises(ShapeError, match=r"matmul.*\(2, 3, 4\) and \(3, 4, 5\).*batch"):
+        matmul_shape((2, 3, 4), (3, 4, 5))          # the full shapes, not only the batch parts
     with pytest.raises(ShapeError): reduce_to_shape(np.ones((3, 4)), (5,))
 
 
-@pytest.mark.parametrize('axis,ndim,expect', [(None, 3, (0, 1, 2)), (-1, 3, (2,)), ((0, -1), 2, (0, 1))])
+@pytest.mark.parametrize('axis,ndim,expect',
+                         [(None, 3, (0, 1, 2)), (-1, 3, (2,)), ((0, -1), 2, (0, 1))])
 def test_normalize_axis(axis, ndim, expect):
     assert normalize_axis(axis, ndim) == expect
 

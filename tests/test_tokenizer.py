@@ -1,5 +1,6 @@
-"Tokenizer: char tokenizer, and SmolLM2's byte-level BPE against the Hugging Face `tokenizers` package."
-import os
+"""Tokenizer: char tokenizer, SmolLM2's byte-level BPE against the Hugging Face `tokenizers`
+package, and chat templates on a budget."""
+import contextlib, os, signal, sys, tracemalloc
 from pathlib import Path
 import numpy as np, pytest
 from gradus import gguf as G, tokenizer
@@ -17,24 +18,30 @@ def shakespeare():
 @pytest.fixture(scope='module')
 def tok():
     try: path = G.smollm2_path()
-    except FileNotFoundError as e: pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
+    except FileNotFoundError as e:
+        pytest.skip(f"SmolLM2 GGUF absent (install the models extra): {e}")
     return tokenizer.from_gguf(G.open_gguf(path))
 
 @pytest.fixture(scope='module')
 def hf(tok):
     from tokenizers import Tokenizer, models, pre_tokenizers, AddedToken
-    merges = [tuple(m.split(' ')) for m in G.open_gguf(G.smollm2_path()).metadata['tokenizer.ggml.merges']]
+    md = G.open_gguf(G.smollm2_path()).metadata
+    merges = [tuple(m.split(' ')) for m in md['tokenizer.ggml.merges']]
     t = Tokenizer(models.BPE({s: i for i, s in enumerate(tok.tokens)}, merges))
     t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                        use_regex=True)])
     t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok._special])
     return t
 
-FRAGMENTS = ["café", "naïve", "Ångström", "façade", "über", "jalapeño", "日本語のテキスト", "東京", "中文分词", "한국어", "Привет, мир",
-             "Ελληνικά", "مرحبا", "שלום", "हिन्दी", "🙂", "👩‍👩‍👧", "🇫🇷", "🎉🎉", "3.14159", "1,000,000", "2024-01-31", "42", "007",
-             "½", "x²", "Ⅻ", "٣٤", "don't", "I'll", "WE'RE", "'s", "they've", "def f(x):\n    return x**2", "    ", "\t\t",
-             "\n\n", "\r\n", " \u00a0 ", "\u3000", "...", "?!", "—", "«quote»", "<b>bold</b>", "a_b-c", "@user", "#tag",
-             "$9.99", "100%", "e=mc^2", "C++", "NaN", "ÀÉÎÕÜ", "ß", "ﬁ", "\u200b", "tab\there", "  leading", "trailing  "]
+FRAGMENTS = ["café", "naïve", "Ångström", "façade", "über", "jalapeño", "日本語のテキスト",
+             "東京", "中文分词", "한국어", "Привет, мир", "Ελληνικά", "مرحبا", "שלום", "हिन्दी",
+             "🙂", "👩\u200d👩\u200d👧", "🇫🇷", "🎉🎉", "3.14159", "1,000,000", "2024-01-31",
+             "42", "007", "½", "x²", "Ⅻ", "٣٤", "don't", "I'll", "WE'RE", "'s", "they've",
+             "def f(x):\n    return x**2", "    ", "\t\t", "\n\n", "\r\n", " \xa0 ", "\u3000",
+             "...", "?!", "—", "«quote»", "<b>bold</b>", "a_b-c", "@user", "#tag", "$9.99",
+             "100%", "e=mc^2", "C++", "NaN", "ÀÉÎÕÜ", "ß", "ﬁ", "\u200b", "tab\there",
+             "  leading", "trailing  "]
 
 def varied_lines(n, seed=0):
     rng = np.random.default_rng(seed)
@@ -97,28 +104,109 @@ def test_streaming_decode_holds_back_partial_utf8(tok):
 
 def test_decode_errors(tok):
     with pytest.raises(TokenizerError, match='49152'): tok.decode([49152])
-    assert tok.decode(tok.encode('é')[:1] if len(tok.encode('é')) > 1 else [tok.vocab['Ã']]) == '\ufffd'
+    half = tok.encode('é')[:1] if len(tok.encode('é')) > 1 else [tok.vocab['Ã']]
+    assert tok.decode(half) == '\ufffd'
 
 def test_chat_template(tok):
     out = tok.apply_chat_template([{'role': 'user', 'content': 'Hi'}])
-    assert out == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    assert out == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                   "trained by Hugging Face<|im_end|>\n"
                    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    out = tok.apply_chat_template([{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}],
+    out = tok.apply_chat_template([{'role': 'system', 'content': 'Be brief.'},
+                                   {'role': 'user', 'content': 'Hi'}],
                                   add_generation_prompt=False)
     assert out == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 
 def test_chat_template_sandbox_and_errors():
-    t = tokenizer.BPETokenizer([chr(c) for c in range(256)], [], chat_template="{{ raise_exception('no') }}")
+    t = tokenizer.BPETokenizer([chr(c) for c in range(256)], [],
+                               chat_template="{{ raise_exception('no') }}")
     with pytest.raises(TokenizerError, match='no'): t.apply_chat_template([])
     t.chat_template = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(TokenizerError): t.apply_chat_template([])
     with pytest.raises(TokenizerError, match='no chat template'):
         tokenizer.BPETokenizer([chr(c) for c in range(256)], []).apply_chat_template([])
 
+# ---------- chat templates on a budget ----------
+@contextlib.contextmanager
+def hang_guard(seconds=60):
+    "Fail (instead of hanging the suite) if a case runs `seconds` of real time."
+    def _alarm(*_): raise TimeoutError(f"still rendering after {seconds} s")
+    old = signal.signal(signal.SIGALRM, _alarm); signal.setitimer(signal.ITIMER_REAL, seconds)
+    try: yield
+    finally: signal.setitimer(signal.ITIMER_REAL, 0); signal.signal(signal.SIGALRM, old)
+
+HOSTILE = {   # template -> the words of the TokenizerError
+    'nested loops emitting': ("{% for i in range(99999) %}{% for j in range(99999) %}"
+                              "{{ 'x' * 99999 }}{% endfor %}{% endfor %}", 'rendered text exceeds'),
+    'nested silent loops': ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
+                            "{% endfor %}", 'max_steps'),
+    'range 10**9': ("{% for i in range(10**9) %}{% endfor %}", 'exceeds max_output'),
+    'range 10**9 literal': ("{{ range(1000000000)|list|length }}", 'exceeds max_output'),
+    'doubling': ("{% set ns = namespace(s='x') %}{% for i in range(64) %}"
+                 "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}", 'exceeds max_output'),
+    'list doubling': ("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}"
+                      "{% set ns.l = ns.l + ns.l %}{% endfor %}", 'exceeds max_output'),
+    'repeat string': ("{{ 'x' * 10**10 }}", 'exceeds max_output'),
+    'repeat list then join': ("{{ (['x' * 100000] * 100000)|join }}", 'exceeds max_output'),
+    'power': ("{{ 7 ** 1000000000 }}", 'bits'),
+    'squaring': ("{% set ns = namespace(n=7) %}{% for i in range(64) %}{% set ns.n = ns.n * ns.n %}"
+                 "{% endfor %}", 'bits'),
+    'center': ("{{ 'x'|center(10**10) }}", 'exceeds max_output'),
+    'ljust method': ("{{ 'x'.ljust(10**10) }}", 'exceeds max_output'),
+    'format filter width': ("{{ '%1000000000d'|format(1) }}", 'width'),
+    'percent width': ("{{ '%1000000000d' % 1 }}", 'width'),
+    'str.format width': ("{{ '{:>1000000000}'.format(1) }}", 'width'),
+    'recursion': ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", 'RecursionError'),
+    'attribute escape': ("{{ ''.__class__.__mro__[1].__subclasses__() }}", 'SecurityError'),
+    'undefined call': ("{{ nothing() }}", 'UndefinedError'),
+    'division by zero': ("{{ 1 // 0 }}", 'ZeroDivisionError'),
+    'syntax': ("{% for %}", 'TemplateSyntaxError'),
+}
+
+@pytest.mark.parametrize('name', list(HOSTILE))
+def test_hostile_chat_templates_are_bounded_and_typed(name):
+    """Each hostile template ends in TokenizerError (never a raw exception, never a hang), within a
+    bound on traced memory; no verdict depends on the clock."""
+    template, words = HOSTILE[name]
+    tracemalloc.start()
+    try:
+        with hang_guard(), pytest.raises(TokenizerError, match=words):
+            tokenizer.render_chat_template(template, [])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally: tracemalloc.stop()
+    assert peak < 64 << 20, f"{name}: {peak / 2**20:.0f} MiB traced"
+
+def test_chat_template_caps_are_configurable():
+    many = [{'role': 'user', 'content': 'x' * 100}] * 50
+    t = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    assert len(tokenizer.render_chat_template(t, many)) == 50 * 107
+    with pytest.raises(TokenizerError, match='max_steps=20 '):
+        tokenizer.render_chat_template(t, many, caps={'max_steps': 20})
+    with pytest.raises(TokenizerError, match='max_output=1000'):
+        tokenizer.render_chat_template(t, many, caps={'max_output': 1000})
+    with pytest.raises(TypeError, match='max_widgets'):
+        tokenizer.render_chat_template(t, many, caps={'max_widgets': 1})
+    tk = tokenizer.BPETokenizer([chr(c) for c in range(256)], [], chat_template=t)
+    with pytest.raises(TokenizerError, match='max_steps'):
+        tk.apply_chat_template(many, caps={'max_steps': 20})
+    assert sys.gettrace() is None or sys.gettrace() is not tokenizer._Budget._trace   # restored
+
+def test_budget_restores_an_outer_tracer():
+    seen = []
+    def outer(frame, event, arg): seen.append(event); return None
+    sys.settrace(outer)
+    try: tokenizer.render_chat_template("{{ 1 + 1 }}", [])
+    finally: now = sys.gettrace(); sys.settrace(None)
+    assert now is outer
+
+def test_from_gguf_needs_an_admitted_file():
+    with pytest.raises(TokenizerError, match='open_gguf'): tokenizer.from_gguf('model.gguf')
+
 def test_unsupported_models_refused():
     class G: metadata = {'tokenizer.ggml.model': 'llama'}
     with pytest.raises(TokenizerError, match="'llama'"): tokenizer.from_gguf(G())
-    class H: metadata = {'tokenizer.ggml.model': 'gpt2', 'tokenizer.ggml.tokens': ['a'], 'tokenizer.ggml.merges': [],
+    class H: metadata = {'tokenizer.ggml.model': 'gpt2', 'tokenizer.ggml.tokens': ['a'],
+                         'tokenizer.ggml.merges': [],
                          'tokenizer.ggml.pre': 'mystery'}
     with pytest.raises(TokenizerError, match="'mystery'"): tokenizer.from_gguf(H())
     with pytest.raises(TokenizerError, match='merge #0'): tokenizer.BPETokenizer(['a'], ['abc'])

@@ -1,4 +1,5 @@
-"Batching, metrics, the training loop (convergence, shapes kept, NaN refused) and checkpoints (atomic, resumable bit for bit)."
+"""Batching, metrics, the training loop (convergence, shapes kept, NaN refused) and checkpoints
+(atomic, resumable bit for bit)."""
 import math, os
 import numpy as np
 import pytest
@@ -35,7 +36,8 @@ def test_random_windows():
 
 
 def test_metrics():
-    assert train.accuracy(np.array([[0., 1.], [3., 2.], [0., 5.], [1., 0.]]), np.array([1, 0, 0, 0])) == 0.75
+    assert train.accuracy(np.array([[0., 1.], [3., 2.], [0., 5.], [1., 0.]]),
+                          np.array([1, 0, 0, 0])) == 0.75
     assert math.isclose(train.perplexity(math.log(50257)), 50257)
     with pytest.raises(ShapeError): train.accuracy(np.zeros((3, 2)), np.zeros(2, int))
 
@@ -48,7 +50,8 @@ def _regression_data(n=64):
 
 
 def test_batch_training_converges_and_keeps_shapes_and_dtypes():
-    "In the spirit of the broadcast-bias bug: batch > 1, every parameter keeps its shape and dtype at every step."
+    """In the spirit of the broadcast-bias bug: batch > 1, every parameter keeps its shape and dtype
+    at every step."""
     x, y = _regression_data()
     params = nn.mlp_init(random.key(0), [3, 16, 2])
     spec = [(l.shape, l.dtype) for l in gd.tree_leaves(params)]
@@ -77,36 +80,44 @@ def _setup(dtype=np.float32):
         idx = random.rng(kb).integers(0, len(x), 8)
         return x[idx], y[idx], kd
     k1, k2 = random.split(random.key(0))
-    params = {'blocks': [{'attn': {'wq': nn.linear_init(k1, 3, 8, dtype=dtype)}}], 'head': nn.linear_init(k2, 8, 2, dtype=dtype)}
+    params = {'blocks': [{'attn': {'wq': nn.linear_init(k1, 3, 8, dtype=dtype)}}],
+              'head': nn.linear_init(k2, 8, 2, dtype=dtype)}
     opt = optim.adamw(optim.warmup_cosine(1e-2, 3, 30), mask=optim.decay_mask)
     return loss_fn, get_batch, opt, train.init_state(params, opt, random.key(5))
 
 
 def _named(state):
     return {k: np.asarray(v) for k, v in
-            gd.tree_to_dict({'params': state.params, 'opt_state': state.opt_state, 'key': state.key}).items()}
+            gd.tree_to_dict({'params': state.params, 'opt_state': state.opt_state,
+                             'key': state.key}).items()}
 
 
 def test_fit_records_evaluates_and_calls_back():
     loss_fn, get_batch, opt, s0 = _setup()
     logged = []
-    state, hist = train.fit(loss_fn, s0, opt, get_batch, 30, eval_fn=lambda p: {'val': 1.0}, eval_every=10,
+    state, hist = train.fit(loss_fn, s0, opt, get_batch, 30,
+                            eval_fn=lambda p: {'val': 1.0}, eval_every=10,
                             callback=logged.append, log_every=5, progress=False)
     assert state.step == 30 and [r['step'] for r in hist] == list(range(1, 31))
     assert [r['step'] for r in hist if 'val' in r] == [10, 20, 30]
     assert [r['step'] for r in logged] == [5, 10, 15, 20, 25, 30]
     assert hist[0]['lr'] == opt.learning_rate(0) and hist[-1]['loss'] < hist[0]['loss']
-    state2, _ = train.fit(loss_fn, s0, opt, get_batch, 30, progress=True)      # the bar must not change anything
-    assert all(np.array_equal(a, b) for a, b in zip(_named(state).values(), _named(state2).values()))
+    state2, _ = train.fit(loss_fn, s0, opt, get_batch, 30,
+                          progress=True)      # the bar must not change anything
+    assert all(np.array_equal(a, b) for a,
+               b in zip(_named(state).values(), _named(state2).values()))
 
 
 def test_fit_writes_periodic_checkpoints(tmp_path):
-    "fit(checkpoint=..., checkpoint_every=N) leaves the state of the last multiple of N, then of the final step."
+    """fit(checkpoint=..., checkpoint_every=N) leaves the state of the last multiple of N, then of
+    the final step."""
     loss_fn, get_batch, opt, s0 = _setup()
     path = tmp_path / 'ckpt.safetensors'
     seen = []
-    cb = lambda rec: seen.append(train.load_checkpoint(path, like=s0).step if path.exists() else None)
-    state, _ = train.fit(loss_fn, s0, opt, get_batch, 12, callback=cb, progress=False, checkpoint=path, checkpoint_every=5)
+    cb = lambda rec: seen.append(train.load_checkpoint(path,
+                                                       like=s0).step if path.exists() else None)
+    state, _ = train.fit(loss_fn, s0, opt, get_batch, 12, callback=cb, progress=False,
+                         checkpoint=path, checkpoint_every=5)
     assert seen == [None] * 4 + [5] * 5 + [10] * 2 + [12]
     saved = train.load_checkpoint(path, like=s0)
     assert all(np.array_equal(a, b) for a, b in zip(_named(saved).values(), _named(state).values()))
@@ -114,10 +125,13 @@ def test_fit_writes_periodic_checkpoints(tmp_path):
 
 def test_fit_refuses_nan():
     loss_fn, get_batch, opt, s0 = _setup()
-    bad = lambda k, t: tuple(np.full_like(a, np.nan) if t == 3 and a.dtype == np.float32 else a for a in get_batch(k, t))
+    def bad(k, t):
+        return tuple(np.full_like(a, np.nan) if t == 3 and a.dtype == np.float32 else a
+                     for a in get_batch(k, t))
     with pytest.raises(optim.NonFiniteError, match="step 3"):
         train.fit(loss_fn, s0, opt, bad, 10, progress=False)
-    with pytest.raises(ValueError): train.fit(loss_fn, s0._replace(step=5), opt, get_batch, 2, progress=False)
+    with pytest.raises(ValueError):
+        train.fit(loss_fn, s0._replace(step=5), opt, get_batch, 2, progress=False)
 
 
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
@@ -136,7 +150,8 @@ def test_resume_is_bit_for_bit(tmp_path, dtype):
         assert a[n].dtype == b[n].dtype and np.array_equal(a[n], b[n]), n
     assert [r['loss'] for r in h_full] == [r['loss'] for r in h1 + h2]
     # and the run is not trivially constant: a different key gives different parameters
-    other, _ = train.fit(loss_fn, s0._replace(key=random.key(6)), opt, get_batch, 24, clip_norm=1.0, progress=False)
+    other, _ = train.fit(loss_fn, s0._replace(key=random.key(6)), opt, get_batch, 24, clip_norm=1.0,
+                         progress=False)
     assert not np.array_equal(other.params['head']['w'], full.params['head']['w'])
 
 
@@ -146,7 +161,8 @@ def test_checkpoint_names_and_plain_load(tmp_path):
     path = tmp_path / 'c.safetensors'
     train.save_checkpoint(path, s0, metadata={'run': 'test'})
     flat, meta = load_safetensors(path, with_metadata=True)
-    assert 'params.blocks.0.attn.wq.w' in flat and 'opt_state.mu.head.b' in flat and 'opt_state.step' in flat
+    assert ('params.blocks.0.attn.wq.w' in flat and 'opt_state.mu.head.b' in flat
+            and 'opt_state.step' in flat)
     assert flat['step'].dtype == np.int64 and flat['key'].dtype == np.uint64
     assert meta['run'] == 'test' and meta['step'] == '0'
     plain = train.load_checkpoint(path)
@@ -158,12 +174,15 @@ def test_checkpoint_mismatch_errors(tmp_path):
     _, _, opt, s0 = _setup()
     path = tmp_path / 'c.safetensors'
     train.save_checkpoint(path, s0)
-    wider = train.init_state({**s0.params, 'head': nn.linear_init(random.key(0), 8, 3)}, opt, random.key(5))
+    wider = train.init_state({**s0.params, 'head': nn.linear_init(random.key(0), 8, 3)},
+                             opt, random.key(5))
     with pytest.raises(train.CheckpointError, match="head"): train.load_checkpoint(path, like=wider)
     more = train.init_state({**s0.params, 'extra': np.zeros(2, np.float32)}, opt, random.key(5))
-    with pytest.raises(train.CheckpointError, match="no tensor 'opt_state.mu.extra'"): train.load_checkpoint(path, like=more)
+    with pytest.raises(train.CheckpointError, match="no tensor 'opt_state.mu.extra'"):
+        train.load_checkpoint(path, like=more)
     fewer = train.init_state({'head': s0.params['head']}, opt, random.key(5))
-    with pytest.raises(train.CheckpointError, match="unexpected tensor"): train.load_checkpoint(path, like=fewer)
+    with pytest.raises(train.CheckpointError, match="unexpected tensor"):
+        train.load_checkpoint(path, like=fewer)
     with pytest.raises(train.CheckpointError, match="'a.b'"):
         train.save_checkpoint(tmp_path / 'd.safetensors', s0._replace(params={'a.b': np.zeros(1)}))
 
@@ -185,7 +204,8 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 def test_regression_exemplum(capsys):
     import importlib.util
     from pathlib import Path
-    spec = importlib.util.spec_from_file_location('exemplum_regression', Path(__file__).resolve().parents[1] / 'exempla' / 'regression' / 'regression.py')
+    script = Path(__file__).resolve().parents[1] / 'exempla' / 'regression' / 'regression.py'
+    spec = importlib.util.spec_from_file_location('exemplum_regression', script)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     params = mod.main()
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"The transforms' contracts: caching, vjp/jvp consistency, aux and static arguments, tracer errors, jit, show_code."
+"""The transforms' contracts: caching, vjp/jvp consistency, aux and static arguments, tracer errors,
+jit, show_code."""
 from typing import NamedTuple
 import numpy as np
 import pytest
@@ -26,7 +27,8 @@ def random_function(seed):
 
 @pytest.mark.parametrize('seed', range(12))
 def test_jvp_vjp_dot_product(seed):
-    "<u, J v> == <J^T u, v> for random functions, random u and v; and J v against central differences."
+    """<u, J v> == <J^T u, v> for random functions, random u and v; and J v against central
+    differences."""
     f = random_function(seed)
     x, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
     vx, vb = rng.standard_normal(x.shape), rng.standard_normal(b.shape)
@@ -65,8 +67,10 @@ def test_cached_result_is_fresh_each_call():
 
 def test_has_aux_and_argnums_tuple():
     def f(a, b): return T.sum(a * b), {'prod': a * b}
-    (v, aux), (ga, gb) = gd.value_and_grad(f, argnums=(0, 1), has_aux=True)(np.full(2, 3.0), np.full(2, 4.0))
-    assert v == 24 and aux['prod'].tolist() == [12, 12] and ga.tolist() == [4, 4] and gb.tolist() == [3, 3]
+    vg = gd.value_and_grad(f, argnums=(0, 1), has_aux=True)
+    (v, aux), (ga, gb) = vg(np.full(2, 3.0), np.full(2, 4.0))
+    assert v == 24 and aux['prod'].tolist() == [12, 12]
+    assert ga.tolist() == [4, 4] and gb.tolist() == [3, 3]
     grads, aux = gd.grad(f, has_aux=True)(np.full(2, 3.0), np.full(2, 4.0))
     assert grads.tolist() == [4, 4]
 
@@ -122,7 +126,8 @@ def test_vjp_does_not_rerun_forward():
 
 
 def test_closure_over_outer_tracer():
-    "grad of a function whose inner grad closes over the outer variable: d/dx [d/dy (x*y^2)] at y=3 = 2y = 6."
+    """grad of a function whose inner grad closes over the outer variable: d/dx [d/dy (x*y^2)] at
+    y=3 = 2y = 6."""
     def outer(x):
         inner = gd.grad(lambda y: x * y * y)
         return inner(np.array(3.0))
@@ -155,7 +160,8 @@ def test_dead_code_is_eliminated():
 
 
 def test_trace_prints_like_a_jaxpr():
-    g = gd.trace(lambda x, w: T.tanh(x @ w), np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+    g = gd.trace(lambda x, w: T.tanh(x @ w), np.ones((2, 3), np.float32),
+                 np.ones((3, 4), np.float32))
     text = repr(g)
     assert 'a:f32[2,3]' in text and 'matmul a b' in text and 'tanh' in text
 
@@ -174,7 +180,7 @@ def test_custom_vjp_runs_user_backward():
     assert clip_grad(np.ones(2)).tolist() == [1.0, 1.0]
 
 
-# --- contracts found by a newcomer's bug hunt ------------------------------------------------------------------
+# --- contracts found by a newcomer's bug hunt ---
 
 def test_argnums_forms():
     f = lambda a, b: T.sum(a * b * b)
@@ -219,7 +225,7 @@ def test_custom_vjp_backward_shape_is_checked():
 
 
 def test_numpy_functions_on_tracers():
-    assert gd.grad(lambda x: np.sum(x * x))(np.ones(2)).tolist() == [2, 2]   # np.sum calls Tracer.sum
+    assert gd.grad(lambda x: np.sum(x * x))(np.ones(2)).tolist() == [2, 2]   # calls Tracer.sum
     with pytest.raises(T.TracerError, match='gradus.tensor'):
         gd.grad(lambda x: T.sum(np.asarray(x)))(np.ones(2))
 
@@ -232,6 +238,18 @@ def test_jit_output_never_aliases_an_input():
 
 
 def test_check_grads_on_mixed_pytree():
-    "A dict holding both float weights and integer ids: the ids are held constant, the weights checked."
+    """A dict holding both float weights and integer ids: the ids are held constant, the weights
+    checked."""
     f = lambda p: T.sum(T.take(p['w'], p['ids'], axis=0) ** 2)
     assert gd.check_grads(f, ({'w': rng.standard_normal((4, 2)), 'ids': np.array([0, 3, 3])},)) <= 1
+
+
+def test_graph_names_skip_keywords_and_np():
+    "Short names run a..z, ba.. and are never a Python keyword or `np` (generated code uses them)."
+    import keyword
+    v = [A.Var(i, (), 'float32') for i in range(800)]
+    names = A.Graph(v, [], []).names()
+    vals = list(names.values())
+    assert vals[:3] == ['a', 'b', 'c'] and 'ba' in vals and len(set(vals)) == 800
+    assert not any(keyword.iskeyword(n) or n == 'np' for n in vals)
+    assert 'in' not in vals and 'is' not in vals and 'np' not in vals

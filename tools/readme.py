@@ -1,6 +1,7 @@
 """Render README.md from nbs/index.ipynb (quarto, which nbdev-readme needs, is not installable here).
 
-Directive cells (`#| ...`) are left out, nbval markers are stripped, code is fenced as python.
+Directive cells (`#| ...`) are left out, nbval markers are stripped, code is fenced as python, and
+links relative to nbs/ (`../exempla/...`) are made relative to the repository root.
 Run `python tools/readme.py` after editing nbs/index.ipynb; tests/test_project.py checks README.md is current."""
 from pathlib import Path
 import nbformat
@@ -17,7 +18,7 @@ def render() -> str:
             c.source = '\n'.join(l for l in c.source.splitlines() if not l.startswith('# NBVAL_'))
     nb.metadata['language_info'] = {'name': 'python'}
     body, _ = MarkdownExporter().from_notebook_node(nb)
-    return body
+    return body.replace('](../', '](')   # links written relative to nbs/ become relative to the repository root
 
 
 if __name__ == '__main__':

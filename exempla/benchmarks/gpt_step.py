@@ -1,8 +1,9 @@
-"""One training step (forward + backward + AdamW update) of the Shakespeare GPT, in gradus and in PyTorch eager.
+"""One training step (forward, backward, AdamW) of the Shakespeare GPT: gradus vs PyTorch eager.
 
-Same model (nanoGPT's CPU Shakespeare-char configuration: block 64, batch 12, 4 layers, 4 heads, width 128,
-vocabulary 65, tied head), same optimizer settings, same thread count, measured in one run. PyTorch is used only
-when it is importable (it is not a gradus dependency). Prints both medians and their ratio.
+Same model (nanoGPT's CPU Shakespeare-char configuration: block 64, batch 12, 4 layers, 4 heads,
+width 128, vocabulary 65, tied head), same optimizer settings, same thread count, measured in one
+run. PyTorch is used only when it is importable (it is not a gradus dependency). Prints both medians
+and their ratio.
 
 Run: python exempla/benchmarks/gpt_step.py [--threads N] [--steps 30]
 """
@@ -44,7 +45,8 @@ def torch_step_fn(cfg, seed=0):
             q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
             q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
             att = (q @ k.transpose(-2, -1)) * (1.0 / (C // H) ** 0.5)
-            att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')).softmax(-1)
+            future = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+            att = att.masked_fill(future, float('-inf')).softmax(-1)
             x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
             return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate='tanh'))
 
@@ -63,8 +65,8 @@ def torch_step_fn(cfg, seed=0):
     model = GPT()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.1}, {'params': rest, 'weight_decay': 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), foreach=True)
+    groups = [{'params': decay, 'weight_decay': 0.1}, {'params': rest, 'weight_decay': 0.0}]
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), foreach=True)
     def step(x, y):
         loss = model(torch.from_numpy(x), torch.from_numpy(y))
         opt.zero_grad(set_to_none=True)
@@ -92,8 +94,10 @@ def main():
     threadpool_limits(a.threads)
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)
-    batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64))) for _ in range(a.steps + 3)]
-    print(f"machine: {platform.machine()} cpus={os.cpu_count()} threads={a.threads} numpy={np.__version__}")
+    batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64)))
+               for _ in range(a.steps + 3)]
+    print(f"machine: {platform.machine()} cpus={os.cpu_count()} threads={a.threads} "
+          f"numpy={np.__version__}")
     g = median_ms(gradus_step_fn(cfg), batches)
     print(f"gradus  median {g:7.1f} ms/step (value_and_grad compiled + clip + AdamW)")
     try:
@@ -102,7 +106,8 @@ def main():
         print("torch not importable: no comparator this run"); return
     torch.set_num_threads(a.threads)
     t = median_ms(torch_step_fn(cfg), batches)
-    print(f"torch   median {t:7.1f} ms/step (PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads)")
+    print(f"torch   median {t:7.1f} ms/step (PyTorch {torch.__version__} eager, "
+          f"{torch.get_num_threads()} threads)")
     print(f"ratio gradus/torch: {g / t:.2f}x")
 
 

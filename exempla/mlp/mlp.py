@@ -1,9 +1,10 @@
-"""A 100-step MLP training run written out step by step: explicit optimizer state, no training-loop helper.
+"""A 100-step MLP training run written out step by step: explicit optimizer state, no loop helper.
 
-Three interleaved spirals (3 classes, 512 points), an MLP 2 -> 32 -> 32 -> 3 with tanh, softmax cross-entropy,
-minibatches of 64, gradients clipped to global norm 0.5, AdamW (weight decay 0.01 on the matrices only) under a
-warmup-cosine schedule (peak 3e-2, 10 warmup steps, floor 1e-3). The same run is made in float32 (the real one)
-and float64; tests/test_mlp_reference.py replays it with a hand-written numpy forward and backward pass.
+Three interleaved spirals (3 classes, 512 points), an MLP 2 -> 32 -> 32 -> 3 with tanh, softmax
+cross-entropy, minibatches of 64, gradients clipped to global norm 0.5, AdamW (weight decay 0.01 on
+the matrices only) under a warmup-cosine schedule (peak 3e-2, 10 warmup steps, floor 1e-3). The same
+run is made in float32 (the real one) and float64; tests/test_mlp_reference.py replays it with a
+hand-written numpy forward and backward pass.
 
 Run: python exempla/mlp/mlp.py
 """
@@ -31,7 +32,7 @@ def batch_indices(step, n=512):
 
 
 def init_params(dtype):
-    "Glorot-uniform weights and zero biases, drawn in float64 from the run's key and cast to `dtype`."
+    "Glorot-uniform weights and zero biases, drawn in float64 from the run's key, cast to `dtype`."
     return nn.mlp_init(random.key(SEED), list(SIZES), dtype=dtype)
 
 
@@ -41,12 +42,13 @@ def objective(params, x, y):
 
 
 def run(dtype=np.float32, steps=STEPS, verbose=False):
-    "Train for `steps` steps in `dtype`; returns (params, per-step batch losses, final full-data loss)."
+    """Train for `steps` steps in `dtype`; returns (params, per-step batch losses, final full-data
+    loss)."""
     x, y = data()
     x = x.astype(dtype)
     params = init_params(dtype)
-    opt = optim.adamw(optim.warmup_cosine(PEAK_LR, WARMUP, steps, floor=FLOOR_LR), weight_decay=WEIGHT_DECAY,
-                      mask=optim.decay_mask)
+    schedule = optim.warmup_cosine(PEAK_LR, WARMUP, steps, floor=FLOOR_LR)
+    opt = optim.adamw(schedule, weight_decay=WEIGHT_DECAY, mask=optim.decay_mask)
     state = opt.init(params)
     value_and_grad = gd.value_and_grad(objective)
     losses = []
@@ -57,7 +59,8 @@ def run(dtype=np.float32, steps=STEPS, verbose=False):
         params, state = opt.update(grads, state, params)
         losses.append(float(value))
         if verbose and (t % 10 == 0 or t == steps - 1):
-            print(f"  step {t:3d}  batch loss {float(value):.6f}  grad norm {norm:.4f}  lr {opt.learning_rate(t):.2e}")
+            print(f"  step {t:3d}  batch loss {float(value):.6f}  grad norm {norm:.4f}  "
+                  f"lr {opt.learning_rate(t):.2e}")
     final = float(objective(params, x, y))
     return params, losses, final
 

@@ -1,4 +1,4 @@
-"""Fit y = 2*x0 - x1 + 0.5 with SGD on minibatches of 8, print the loss of each epoch and the learned values.
+"""Fit y = 2*x0 - x1 + 0.5 by minibatch SGD (batches of 8); print each epoch's loss and the fit.
 
 Run: python exempla/regression/regression.py
 """
@@ -20,7 +20,7 @@ def objective(params, x, y):
 def main(epochs=10, batch_size=8, lr=0.05, seed=0, verbose=True):
     k_data, k_init, k_shuffle = random.split(random.key(seed), 3)
     x = random.rng(k_data).standard_normal((256, 2)).astype(np.float32)
-    y = (2 * x[:, :1] - x[:, 1:] + 0.5).astype(np.float32)          # (256, 1): the shape the model outputs
+    y = (2 * x[:, :1] - x[:, 1:] + 0.5).astype(np.float32)   # (256, 1): the shape the model outputs
     params = nn.linear_init(k_init, 2, 1)
     opt = optim.sgd(lr)
     state = opt.init(params)

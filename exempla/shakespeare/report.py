@@ -1,8 +1,8 @@
-"""After a `gradus shakespeare` run: a less noisy validation loss, and one trained head's attention on real text.
+"""After `gradus shakespeare`: a less noisy validation loss, and trained attention on real text.
 
-Reads RUN_DIR/config.json and RUN_DIR/ckpt.safetensors. Prints the validation loss over --batches random batches
-(the run's own evaluations use 20, as nanoGPT does), and draws the attention weights of every head of one layer on a
-line of the validation text to RUN_DIR/attention.png.
+Reads RUN_DIR/config.json and RUN_DIR/ckpt.safetensors. Prints the validation loss over --batches
+random batches (the run's own evaluations use 20, as nanoGPT does), and draws the attention weights
+of every head of one layer on a line of the validation text to RUN_DIR/attention.png.
 
 Run: python exempla/shakespeare/report.py RUN_DIR --data TEXT [--layer 0] [--batches 200]
 """
@@ -20,7 +20,8 @@ from gradus import loss as L
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('run'); ap.add_argument('--data', default=None)
-    ap.add_argument('--layer', type=int, default=0); ap.add_argument('--batches', type=int, default=200)
+    ap.add_argument('--layer', type=int, default=0)
+    ap.add_argument('--batches', type=int, default=200)
     a = ap.parse_args()
     run = Path(a.run)
     conf = json.loads((run / 'config.json').read_text())
@@ -33,18 +34,20 @@ def main():
     loss_fn = gd.jit(lambda p, x, y: L.cross_entropy(gpt.apply(p, x, mcfg), y))
     losses = [loss_fn(params, *train.random_windows(k, val_ids, cfg.batch_size, cfg.block_size))
               for k in random.split(random.key(12345), a.batches)]
-    print(f"validation loss over {a.batches} batches of {cfg.batch_size}x{cfg.block_size}: {np.mean(losses):.4f} "
+    print(f"validation loss over {a.batches} batches of {cfg.batch_size}x{cfg.block_size}: "
+          f"{np.mean(losses):.4f} "
           f"(standard error {np.std(losses) / np.sqrt(len(losses)):.4f})")
 
     # attention of every head of one layer on a line of validation text
     start = int(np.flatnonzero(val_ids == tok.stoi['\n'])[3]) + 1
     ids = val_ids[start:start + 48][None]
     x = np.take(params['wte'], ids, axis=0) + params['wpe'][:ids.shape[1]]
+    mask = attention.causal_mask(ids.shape[1])
     for blk in params['blocks'][:a.layer]:
-        x = attention.transformer_block(blk, x, mcfg.n_head, mask=attention.causal_mask(ids.shape[1]))
+        x = attention.transformer_block(blk, x, mcfg.n_head, mask=mask)
     blk = params['blocks'][a.layer]
     _, w = attention.multi_head_attention(blk['attn'], nn.layer_norm(blk['ln1'], x), mcfg.n_head,
-                                          mask=attention.causal_mask(ids.shape[1]), return_weights=True)
+                                          mask=mask, return_weights=True)
     chars = [c if c != '\n' else '⏎' for c in tok.decode(ids[0])]
     fig, axes = plt.subplots(1, mcfg.n_head, figsize=(5 * mcfg.n_head, 5.2))
     for h, ax in enumerate(np.atleast_1d(axes)):

@@ -1,0 +1,207 @@
+"""SmolLM2-135M (Q4_1) prefill and decode speed: gradus.models against llama.cpp, in the same run.
+
+Prefill: tokens/s over a 512-token prompt (logits of the last position only, as llama.cpp
+computes). Decode: tokens/s over 128 greedy tokens after a short prompt (end-of-generation ignored).
+Both sides run 2 threads, alternate round by round, and report the median of the rounds. llama.cpp
+is the `llama_cpp` package (llama-cpp-python) where importable; it is never a test dependency. Also
+printed: bytes of weights one decode token reads and the bandwidth that implies, the agreement of
+the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory of
+`gradus generate` over 128 tokens (a separate process).
+Usage: python exempla/benchmarks/decode.py [--rounds 3]
+"""
+
+import os
+
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '2')
+os.environ.setdefault('NUMBA_NUM_THREADS', '2')
+import argparse, platform, subprocess, sys, time
+import numpy as np
+import numba
+from gradus import gguf as G, models, tokenizer as TK
+
+THREADS, N_PROMPT, N_DECODE = 2, 512, 128
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+    "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the "
+    "season of Light, it was the season of Darkness, it was the spring of hope, it was the winter "
+    "of despair. "
+)
+
+
+def load():
+    return open('/proc/loadavg').read().split()[:3] if os.path.exists('/proc/loadavg') else '?'
+
+
+def gradus_prefill(params, config, ids):
+    cache = models.new_cache(config, len(ids) + 1)
+    t0 = time.perf_counter()
+    z = models.forward(params, ids, config, cache, 0, last_only=True)[0]
+    return time.perf_counter() - t0, z
+
+
+def gradus_decode(params, config, ids, exact=False):
+    cache = models.new_cache(config, len(ids) + N_DECODE + 1)
+    step = models.stepper(params, config, cache, exact)
+    z, out = step(ids, 0), []
+    t0 = time.perf_counter()
+    for i in range(N_DECODE):
+        out.append(int(np.argmax(z)))
+        z = step([out[-1]], len(ids) + i)
+    return time.perf_counter() - t0, out
+
+
+def llama_logits(llm):
+    "The last evaluated position's logits (llama-cpp-python keeps `scores` only with logits_all)."
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
+
+
+def llama_prefill(llm, ids):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(list(map(int, ids)))
+    dt = time.perf_counter() - t0
+    return dt, llama_logits(llm)
+
+
+def llama_decode(llm, ids):
+    llm.reset()
+    llm.eval(list(map(int, ids)))
+    z, out = llama_logits(llm), []
+    t0 = time.perf_counter()
+    for _ in range(N_DECODE):
+        out.append(int(np.argmax(z)))
+        llm.eval([out[-1]])
+        z = llama_logits(llm)
+    return time.perf_counter() - t0, out
+
+
+def weight_bytes(params):
+    "Bytes of weights one decode token reads: every layer matrix, the norms and the output head."
+    layer = sum(
+        w.blocks.nbytes if isinstance(w, models.QTensor) else w.nbytes
+        for lp in params['layers']
+        for w in lp.values()
+    )
+    return layer + params['norm'].nbytes + params['output'].blocks.nbytes
+
+
+def peak_rss_generate(path):
+    """Peak RSS (MiB) and last line of `python -m gradus generate` over 128 greedy tokens, in a
+    child under GNU time (`%M`): the child's own peak, not this process's pages copied at fork."""
+    cmd = ['/usr/bin/time', '-f', 'maxrss_kib %M', 
+        sys.executable,
+        '-m',
+        'gradus',
+        'generate',
+        'Tell me a story about a lighthouse.',
+        '--chat',
+        '--gguf',
+        str(path),
+        '--max-new-tokens',
+        str(N_DECODE),
+        '--temperature',
+        '0',
+        '--ignore-eos',
+    ]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, 'NUMBA_NUM_THREADS': '2'}
+    )
+    tail = r.stderr.rsplit('maxrss_kib', 1)
+    peak = float(tail[1].split()[0]) / 1024 if len(tail) == 2 else float('nan')
+    return peak, (r.stdout.strip().splitlines() or ['?'])[-1], r.returncode
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--rounds', type=int, default=3)
+    args = ap.parse_args()
+    numba.set_num_threads(THREADS)
+    path = G.smollm2_path()
+    params, config = models.from_gguf(path)
+    tok = TK.from_gguf(G.open_gguf(path))
+    ids = np.array((tok.encode(TEXT) * 8)[:N_PROMPT])
+    short = np.array(
+        tok.encode(
+            tok.apply_chat_template([{'role': 'user', 'content': 'Tell me a story.'}]),
+            parse_special=True,
+        )
+    )
+    try:
+        import llama_cpp
+
+        llm = llama_cpp.Llama(
+            str(path),
+            n_ctx=1024,
+            n_batch=512,
+            n_threads=THREADS,
+            n_threads_batch=THREADS,
+            verbose=False,
+        )
+        llama_name = f"llama.cpp via llama-cpp-python {llama_cpp.__version__}"
+    except ImportError:
+        llm, llama_name = None, 'llama.cpp: not importable (pip install llama-cpp-python)'
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
+        f"numba threads={numba.get_num_threads()} numpy={np.__version__} | {llama_name}"
+    )
+    print(f"load (1/5/15 min) before: {load()}")
+    gradus_prefill(params, config, ids[:16])
+    gradus_decode(params, config, short[:4])  # compile / warm
+    res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'g_dec_exact', 'l_dec')}
+    for r in range(args.rounds):
+        res['g_pre'].append(gradus_prefill(params, config, ids)[0])
+        if llm:
+            res['l_pre'].append(llama_prefill(llm, ids)[0])
+        res['g_dec'].append(gradus_decode(params, config, short)[0])
+        if llm:
+            res['l_dec'].append(llama_decode(llm, short)[0])
+        if r == 0:
+            res['g_dec_exact'].append(gradus_decode(params, config, short, exact=True)[0])
+    med = {k: float(np.median(v)) for k, v in res.items() if v}
+    pre, dec = N_PROMPT / med['g_pre'], N_DECODE / med['g_dec']
+    print(f"prefill {N_PROMPT} tokens: gradus {pre:8.1f} tok/s", end='')
+    if llm:
+        print(
+            f" | llama.cpp {N_PROMPT / med['l_pre']:8.1f} tok/s"
+            f" | ratio {pre / (N_PROMPT / med['l_pre']):.2f}x",
+            end='',
+        )
+    print(
+        f"\ndecode {N_DECODE} tokens:  gradus {dec:8.1f} tok/s (int8 activations; exact float mode "
+        f"{N_DECODE / med['g_dec_exact']:.1f} tok/s)",
+        end='',
+    )
+    if llm:
+        print(
+            f" | llama.cpp {N_DECODE / med['l_dec']:8.1f} tok/s"
+            f" | ratio {dec / (N_DECODE / med['l_dec']):.2f}x",
+            end='',
+        )
+    wb = weight_bytes(params)
+    print(
+        f"\nweights read per decode token: {wb / 2**20:.1f} MiB -> gradus "
+        f"{wb * dec / 1e9:.2f} GB/s",
+        end='',
+    )
+    if llm:
+        print(f", llama.cpp {wb * N_DECODE / med['l_dec'] / 1e9:.2f} GB/s", end='')
+    print(f"\nrounds: {args.rounds} (median); load after: {load()}")
+    if llm:
+        zg, zl = gradus_prefill(params, config, ids)[1], llama_prefill(llm, ids)[1]
+        tg, tl = gradus_decode(params, config, short)[1], llama_decode(llm, short)[1]
+        same = next((i for i, (a, b) in enumerate(zip(tg, tl)) if a != b), len(tg))
+        print(
+            f"agreement: last-position logits max |Δ| {np.abs(zg - zl).max():.3f} (top token "
+            f"{'same' if zg.argmax() == zl.argmax() else 'differs'}); greedy tokens identical "
+            f"for the "
+            f"first {same} of {N_DECODE}"
+        )
+    peak, last, rc = peak_rss_generate(path)
+    print(
+        f"gradus generate, {N_DECODE} tokens: peak RSS {peak:.0f} MiB (exit {rc}); "
+        f"its last line: {last}"
+    )
+
+
+if __name__ == '__main__':
+    main()

