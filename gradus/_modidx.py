@@ -227,6 +227,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gradus.models.workspace': ('llama.html#workspace', 'gradus/models.py')},
             'gradus.nn': { 'gradus.nn._fans': ('nn.html#_fans', 'gradus/nn.py'),
                            'gradus.nn._float_dtype': ('nn.html#_float_dtype', 'gradus/nn.py'),
+                           'gradus.nn._normalise': ('nn.html#_normalise', 'gradus/nn.py'),
+                           'gradus.nn._row_scale': ('nn.html#_row_scale', 'gradus/nn.py'),
                            'gradus.nn.dropout': ('nn.html#dropout', 'gradus/nn.py'),
                            'gradus.nn.embedding': ('nn.html#embedding', 'gradus/nn.py'),
                            'gradus.nn.embedding_init': ('nn.html#embedding_init', 'gradus/nn.py'),

@@ -110,13 +110,23 @@ def layer_norm_init(dim, bias=True, dtype=np.float32):
     if bias: p['bias'] = zeros((dim,), dtype)
     return p
 
+def _row_scale(d):
+    """`max(max|d|, 1)` per row of `d` (gradient stopped): dividing a row by it before squaring
+    keeps `d²` finite for float32 rows of 1e30 (whose squares overflow); smaller rows unchanged."""
+    return T.stop_gradient(T.maximum(T.max(T.absolute(d), -1, keepdims=True), 1.0))
+
+def _normalise(d, eps):
+    "`d / √(mean(d²) + eps)` computed as `(d/s) / √(mean((d/s)²) + eps/s²)`, `s = _row_scale(d)`."
+    s = _row_scale(d)
+    u = d / s
+    return u / T.sqrt(T.mean(u * u, -1, keepdims=True) + eps / s / s)   # eps/s², no s² overflow
+
 def layer_norm(params, x, eps=1e-5):
     """Layer normalisation (Ba et al. 2016) over the last axis of `x` (`(..., dim)`, float): zero
     mean and unit variance per row (biased variance), then `· scale + bias`. Finite value and
-    gradient for constant rows."""
-    mu = T.mean(x, -1, keepdims=True)
-    d = x - mu
-    y = d / T.sqrt(T.mean(d * d, -1, keepdims=True) + eps) * params['scale']
+    gradient for constant rows, and full relative accuracy for rows up to 1e30 in float32."""
+    d = x - T.mean(x, -1, keepdims=True)
+    y = _normalise(d, eps) * params['scale']
     return y + params['bias'] if 'bias' in params else y
 
 def rms_norm_init(dim, dtype=np.float32):
@@ -125,8 +135,9 @@ def rms_norm_init(dim, dtype=np.float32):
 
 def rms_norm(params, x, eps=1e-6):
     """Root-mean-square normalisation (Zhang & Sennrich 2019) over the last axis of `x` (`(...,
-    dim)`, float): `x / √(mean(x²) + eps) · scale`. Finite value and gradient for zero rows."""
-    return x / T.sqrt(T.mean(x * x, -1, keepdims=True) + eps) * params['scale']
+    dim)`, float): `x / √(mean(x²) + eps) · scale`. Finite value and gradient for zero rows, and
+    full relative accuracy for rows up to 1e30 in float32."""
+    return _normalise(x, eps) * params['scale']
 
 # %% ../nbs/06_nn.ipynb #d6bd712d
 def dropout(key, x, rate, training):

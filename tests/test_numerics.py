@@ -330,3 +330,50 @@ def test_compiled_code_never_binds(monkeypatch):
     calls.clear()
     vg(w, x)
     assert calls == []
+
+
+# ---------- layer norm and RMS norm at extreme magnitudes (issue 9, item 1) ----------
+def _ln64(x, eps):
+    "float64 LayerNorm written out: (x − mean) / √(var + eps), unit scale, no bias."
+    d = x - x.mean(-1, keepdims=True)
+    return d / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+
+
+def _ln64_vjp(x, eps, g):
+    "Its cotangent: (g − mean(g) − ŷ·mean(g·ŷ)) / σ, from differentiating the formula by hand."
+    d = x - x.mean(-1, keepdims=True)
+    sigma = np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+    y = d / sigma
+    return (g - g.mean(-1, keepdims=True) - y * (g * y).mean(-1, keepdims=True)) / sigma
+
+
+def _rms64(x, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+
+
+def _rms64_vjp(x, eps, g):
+    "(g − ŷ·mean(g·x)/r) / r with r = √(mean(x²) + eps), by hand."
+    r = np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return (g - x * (g * x).mean(-1, keepdims=True) / r**2) / r
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('mag', [1.0, 1e4, 1e8, 1e30])
+@pytest.mark.parametrize('which', ['layer_norm', 'rms_norm'])
+def test_norms_keep_relative_accuracy_at_every_magnitude(which, mag, dtype):
+    "norm(m·x, eps) = norm(x, eps/m²), and its gradient is (1/m)·∇norm(x, eps/m²): no m² needed."
+    from gradus import nn
+    import gradus as gd
+    base = np.random.default_rng(3).standard_normal((3, 16)) + 0.5
+    fn, ref, vjp, eps = ((nn.layer_norm, _ln64, _ln64_vjp, 1e-5) if which == 'layer_norm'
+                         else (nn.rms_norm, _rms64, _rms64_vjp, 1e-6))
+    p = {'scale': np.ones(16, dtype)}
+    if which == 'layer_norm': p['bias'] = np.zeros(16, dtype)
+    x = (base * mag).astype(dtype)
+    g = np.random.default_rng(4).standard_normal((3, 16))
+    y, pull = gd.vjp(lambda x: fn(p, x, eps=eps), x)
+    want_y, want_dx = ref(base, eps / mag**2), vjp(base, eps / mag**2, g) / mag
+    tol = 2e-6 if dtype == np.float32 else 1e-13
+    assert np.max(np.abs(y - want_y)) <= tol * np.abs(want_y).max()
+    dx = pull(g.astype(dtype))[0]
+    assert np.max(np.abs(dx - want_dx)) <= tol * np.abs(want_dx).max() * 10
