@@ -49,7 +49,7 @@ class Reference:
     (the model as trained); `layout='gguf-halves'`: the stored rows with rotate-half RoPE (the wrong
     pairing for them)."""
 
-    def __init__(self, path, layout='hf'):
+    def __init__(self, path, layout='hf', tensors=None):
         r = gguf.GGUFReader(str(path))
         a = _field(r, 'general.architecture')
         self.n_layers = _field(r, f'{a}.block_count')
@@ -61,10 +61,11 @@ class Reference:
         self.hd = self.dim // self.n_heads
         self.base = _field(r, f'{a}.rope.freq_base')
         self.eps = _field(r, f'{a}.attention.layer_norm_rms_epsilon')
-        w = {
+        self.tensors = tensors or {
             t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             for t in r.tensors
-        }
+        }  # as stored; shared (read-only) by a second layout of the same file
+        w = dict(self.tensors)
         for i in range(self.n_layers):
             if layout == 'hf':
                 w[f'blk.{i}.attn_q.weight'] = _unpermute(w[f'blk.{i}.attn_q.weight'], self.n_heads)
@@ -89,32 +90,40 @@ class Reference:
     def new_cache(self):
         return [[np.zeros((self.n_kv, 0, self.hd), np.float32)] * 2 for _ in range(self.n_layers)]
 
-    def __call__(self, ids, cache, pos0):
-        "Logits (T, vocab) of `ids` at positions pos0.., appending keys/values to `cache`."
-        ids = np.asarray(ids)
-        T, w = len(ids), self.w
-        pos = np.arange(pos0, pos0 + T, dtype=np.float64)
-        x = w['token_embd.weight'][ids]
+    def attend(self, q, k, v, cache, pos0):
+        "One sequence's attention: q (H, T, hd), k, v (Hkv, T, hd) appended to its `cache`."
+        cache[0] = np.concatenate([cache[0], k], axis=1)
+        cache[1] = np.concatenate([cache[1], v], axis=1)
+        rep, T = self.n_heads // self.n_kv, q.shape[1]
+        K, V = np.repeat(cache[0], rep, axis=0), np.repeat(cache[1], rep, axis=0)  # (H, n, hd)
+        s = q @ K.transpose(0, 2, 1) / np.float32(np.sqrt(self.hd))
+        n = K.shape[1]
+        s = np.where(np.arange(n)[None, :] <= pos0 + np.arange(T)[:, None], s, -np.inf)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        a = (e / e.sum(-1, keepdims=True)).astype(np.float32) @ V  # (H, T, hd)
+        return a.transpose(1, 0, 2).reshape(T, self.dim)
+
+    def forward(self, batch):
+        """Logits [(T_j, vocab)] of several independent sequences `batch = [(ids_j, cache_j,
+        pos0_j)]`: their rows go through each matrix together (one read of the weights for all),
+        attention stays per sequence (its own cache and positions)."""
+        w = self.w
+        ids = [np.asarray(b[0]) for b in batch]
+        ends = np.cumsum([len(t) for t in ids])
+        spans = list(zip(ends - [len(t) for t in ids], ends))
+        x = w['token_embd.weight'][np.concatenate(ids)]  # (ΣT, dim)
         for i in range(self.n_layers):
             p = f'blk.{i}.'
             h = self.rms(x, w[p + 'attn_norm.weight'])
-            q = (h @ w[p + 'attn_q.weight'].T).reshape(T, self.n_heads, self.hd).transpose(1, 0, 2)
-            k = (h @ w[p + 'attn_k.weight'].T).reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
-            v = (h @ w[p + 'attn_v.weight'].T).reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
-            q, k = self.rope(q, pos), self.rope(k, pos)
-            cache[i][0] = np.concatenate([cache[i][0], k], axis=1)
-            cache[i][1] = np.concatenate([cache[i][1], v], axis=1)
-            rep = self.n_heads // self.n_kv
-            K, V = (
-                np.repeat(cache[i][0], rep, axis=0),
-                np.repeat(cache[i][1], rep, axis=0),
-            )  # (H, n, hd)
-            s = q @ K.transpose(0, 2, 1) / np.float32(np.sqrt(self.hd))
-            n = K.shape[1]
-            s = np.where(np.arange(n)[None, :] <= pos0 + np.arange(T)[:, None], s, -np.inf)
-            e = np.exp(s - s.max(-1, keepdims=True))
-            a = (e / e.sum(-1, keepdims=True)).astype(np.float32) @ V
-            x = x + a.transpose(1, 0, 2).reshape(T, self.dim) @ w[p + 'attn_output.weight'].T
+            Q, K, V = (h @ w[p + f'attn_{n}.weight'].T for n in 'qkv')
+            att = []
+            for (_, cache, pos0), (a, b) in zip(batch, spans):
+                T, pos = b - a, np.arange(pos0, pos0 + b - a, dtype=np.float64)
+                q = Q[a:b].reshape(T, self.n_heads, self.hd).transpose(1, 0, 2)  # (H, T, hd)
+                k = K[a:b].reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
+                v = V[a:b].reshape(T, self.n_kv, self.hd).transpose(1, 0, 2)
+                att.append(self.attend(self.rope(q, pos), self.rope(k, pos), v, cache[i], pos0))
+            x = x + np.concatenate(att) @ w[p + 'attn_output.weight'].T
             h = self.rms(x, w[p + 'ffn_norm.weight'])
             g = h @ w[p + 'ffn_gate.weight'].T
             x = (
@@ -122,25 +131,36 @@ class Reference:
                 + (g / (1 + np.exp(-g)) * (h @ w[p + 'ffn_up.weight'].T))
                 @ w[p + 'ffn_down.weight'].T
             )
-        return self.rms(x, w['output_norm.weight']) @ self.out.T
+        z = self.rms(x, w['output_norm.weight']) @ self.out.T
+        return [z[a:b] for a, b in spans]
 
     def logits(self, ids):
-        return self(ids, self.new_cache(), 0)
+        return self.forward([(ids, self.new_cache(), 0)])[0]
 
-    def greedy(self, ids, n):
-        cache = self.new_cache()
-        z = self(ids, cache, 0)[-1]
-        out = []
+    def run(self, prompts, n):
+        """`[(prompt logits (T, vocab), its n greedy tokens)]` for a list of prompts: one prompt
+        pass gives both; the greedy steps of all prompts run side by side."""
+        caches = [self.new_cache() for _ in prompts]
+        zs = self.forward([(ids, c, 0) for ids, c in zip(prompts, caches)])
+        outs, last = [[] for _ in prompts], [z[-1] for z in zs]
         for i in range(n):
-            out.append(int(np.argmax(z)))
-            z = self([out[-1]], cache, len(ids) + i)[-1]
-        return out
+            for o, z in zip(outs, last):
+                o.append(int(np.argmax(z)))
+            step = [([o[-1]], c, len(ids) + i) for o, c, ids in zip(outs, caches, prompts)]
+            last = [z[-1] for z in self.forward(step)]
+        return list(zip(zs, outs))
 
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope='module')
 def ref():
     return Reference(MODEL)
+
+
+@pytest.fixture(scope='module')
+def ref_runs(ref, tok):
+    "name -> the reference's (prompt logits, 32 greedy tokens), all prompts run once together."
+    return dict(zip(PROMPTS, ref.run([_ids(tok, name) for name in PROMPTS], 32)))
 
 
 @pytest.fixture(scope='module')
@@ -201,18 +221,18 @@ def test_weights_stay_in_blocks(model):
 
 @needs_model
 @pytest.mark.parametrize('name', list(PROMPTS))
-def test_last_logits_match_reference(name, ref, model, tok):
+def test_last_logits_match_reference(name, ref_runs, model, tok):
     params, c = model
     ids = _ids(tok, name)
     got = models.apply(params, ids, c)
-    want = ref.logits(ids)
+    want = ref_runs[name][0]
     assert got.shape == want.shape == (len(ids), c.vocab_size) and got.dtype == np.float32
     assert np.abs(got[-1] - want[-1]).max() < 1e-3, np.abs(got[-1] - want[-1]).max()
 
 
 @needs_model
 @pytest.mark.parametrize('name', list(PROMPTS))
-def test_greedy_continuation_matches_reference(name, ref, model, tok):
+def test_greedy_continuation_matches_reference(name, ref_runs, model, tok):
     params, c = model
     ids = _ids(tok, name)
     cache = models.new_cache(c, len(ids) + 40)
@@ -223,15 +243,15 @@ def test_greedy_continuation_matches_reference(name, ref, model, tok):
             models.stepper(params, c, cache, exact=True), ids, cfg, tok, cache
         )
     ]
-    assert got == ref.greedy(ids, 32)
+    assert got == ref_runs[name][1]
 
 
 @needs_model
-def test_rope_pairing_both_ways(model, tok):
+def test_rope_pairing_both_ways(ref, model, tok):
     "The stored rows need adjacent pairs: the halves pairing on them (the other convention) is off."
     params, c = model
     ids = _ids(tok, 'english')
-    wrong = Reference(MODEL, layout='gguf-halves').logits(ids)[-1]
+    wrong = Reference(MODEL, layout='gguf-halves', tensors=ref.tensors).logits(ids)[-1]
     got = models.apply(params, ids, c)[-1]
     assert np.abs(got - wrong).max() > 1.0
 
