@@ -146,3 +146,13 @@ def test_causal_attention_with_grouped_heads():
         out = A.scaled_dot_product_attention(qg, k[:, :, None], v[:, :, None], A.causal_mask(5))
         return T.sum(out ** 2)
     check(ours, formula, q)
+
+
+def test_one_function_two_dtypes():
+    "A cached gradient is per signature: float64 then float32 inputs each get their own dtype back."
+    f = gd.grad(lambda x: T.sum(T.tanh(x) * x))
+    want = autograd.grad(lambda x: anp.sum(anp.tanh(x) * x))(X)
+    g64, g32 = f(X), f(X.astype(np.float32))
+    assert g64.dtype == np.float64 and g32.dtype == np.float32
+    np.testing.assert_allclose(g64, want, rtol=1e-12)
+    np.testing.assert_allclose(g32, want, rtol=1e-5, atol=1e-6)

@@ -37,8 +37,8 @@ MUTANTS = [
     # --- tensor: primitives, VJP rules, composites (nbs/02_tensor) ---
     M('softmax-axis', "softmax normalises along the last axis whatever `axis` is asked", 'tensor',
       (("return e / sum(e, axis, keepdims=True)", "return e / sum(e, -1, keepdims=True)"),),
-      ('tests/test_reference.py -k softmax', 'tests/test_oracle.py', 'tests/test_gradcheck.py',
-       '{nb}')),
+      ('tests/test_reference.py -k softmax', 'tests/test_oracle_layers.py -k softmax',
+       'tests/test_oracle.py', 'tests/test_gradcheck.py', '{nb}')),
     M('softmax-no-max', "softmax without subtracting the row maximum (overflows for big logits)",
       'tensor', ((("e = exp(x - stop_gradient(max(x, axis, keepdims=True)))",
                    "e = exp(x - _shift(x, normalize_axis(axis, x.ndim, 'softmax')))"),
@@ -82,7 +82,8 @@ MUTANTS = [
     M('grad-cache-ignores-dtype', "compiled-gradient cache keyed on shapes only, not dtypes",
       'autograd', (("tuple([(x.shape, x.dtype) for x in leaves])",
                     "tuple([x.shape for x in leaves])"),),
-      ('tests/test_transforms.py', 'tests/test_gradcheck.py', '{nb}')),
+      ('tests/test_transforms.py', 'tests/test_oracle_layers.py -k two_dtypes',
+       'tests/test_gradcheck.py', '{nb}')),
     M('fanout-overwrites', "backward pass overwrites instead of summing the cotangents of a value "
       "used twice", 'autograd',
       (("ct[var.n] = g if var.n not in ct else T.add(ct[var.n], g)", "ct[var.n] = g"),),
@@ -154,7 +155,7 @@ MUTANTS = [
     # --- gpt (nbs/10_gpt) ---
     M('kv-cache-positions', "cached decoding adds position embeddings from 0, not from `pos`",
       'gpt', (("params['wpe'][pos:pos + t]", "params['wpe'][:t]"),),
-      ('tests/test_decode.py -k gpt', '{nb}')),
+      ('tests/test_decode.py -k gpt', 'nbs/16_decode.ipynb', '{nb}')),
     # --- models: the Llama of Part II (nbs/17_llama), its numba decode kernels ---
     M('llama-gqa-kernel', "decode kernel maps query head h to kv head h % n_kv (tiling) instead of "
       "h // group", 'models',
