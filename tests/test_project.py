@@ -77,10 +77,11 @@ def test_ruff_clean():
 # gpt on attention. The numpy-only group (safetensors < quants < gguf < tokenizer) ranks below
 # dtype: it may import its own lower members and nothing of the autograd stack. decode and models
 # join the two arcs. A new module gets its rank here, at its place in that order.
-RANKS = {'safetensors': -4, 'quants': -3, 'gguf': -2, 'tokenizer': -1,
-         'dtype': 0, 'shape': 1, 'tensor': 2, 'autograd': 3, 'loss': 4, 'random': 4,
-         'nn': 5, 'optim': 5, 'train': 6, 'attention': 6, 'gpt': 7, 'decode': 8,
-         'models': 9, 'shakespeare': 9, 'lowering': 9, 'cli': 10, '__main__': 11}
+RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'tokenizer': -2, 'spm': -1,
+         'dtype': 0, 'pytree': 0, 'shape': 1, 'tensor': 2, 'ops': 3, 'graph': 4, 'autograd': 5,
+         'loss': 6, 'random': 6, 'nn': 7, 'optim': 7, 'sampling': 7, 'train': 8, 'attention': 8,
+         'gpt': 9, 'decode': 10, 'models': 11, 'shakespeare': 11, 'lowering': 11, 'engine': 12,
+         'cli': 13, '__main__': 14}
 NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'tokenizer'}
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
 
@@ -176,7 +177,7 @@ def test_module_graph_check_can_fail():
     assert found == [
         "gradus/mystery.py has no rank: add it to RANKS in tests/test_project.py at its place in "
         "the graph nbs/index.ipynb states",
-        "gradus/tensor.py:7: tensor (rank 2) imports autograd (rank 3): not pointing down",
+        "gradus/tensor.py:7: tensor (rank 2) imports autograd (rank 5): not pointing down",
         "gradus/gguf.py:3: numpy-only gguf imports nn of the autograd stack",
         "gradus/gguf.py:4: a function-local import of quants hides an edge",
         "gradus/nn.py:9: imports the package `gradus` itself (import modules relatively)",

@@ -156,13 +156,13 @@ MUTANTS = [
     M('kv-cache-positions', "cached decoding adds position embeddings from 0, not from `pos`",
       'gpt', (("params['wpe'][pos:pos + t]", "params['wpe'][:t]"),),
       ('tests/test_decode.py -k gpt', 'nbs/20_decode.ipynb', '{nb}')),
-    # --- models: the Llama of Part II (nbs/21_llama), its numba decode kernels ---
+    # --- engine: the numba decode kernels of Part II (nbs/22_engine) ---
     M('llama-gqa-kernel', "decode kernel maps query head h to kv head h % n_kv (tiling) instead of "
-      "h // group", 'models',
+      "h // group", 'engine',
       (("kv, m = h // group, -np.inf", "kv, m = h % keys.shape[0], -np.inf"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     M('llama-rmsnorm-eps-kernel', "decode kernel's RMSNorm adds eps outside the square root",
-      'models', (("np.sqrt(ss / np.float32(x.shape[0]) + np.float32(eps))",
+      'engine', (("np.sqrt(ss / np.float32(x.shape[0]) + np.float32(eps))",
                   "(np.sqrt(ss / np.float32(x.shape[0])) + np.float32(eps))"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     # --- safetensors (nbs/15_safetensors) ---

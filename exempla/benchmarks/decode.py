@@ -17,7 +17,7 @@ os.environ.setdefault('NUMBA_NUM_THREADS', '2')
 import argparse, platform, subprocess, sys, time
 import numpy as np
 import numba
-from gradus import gguf as G, models, tokenizer as TK
+from gradus import engine, gguf as G, models, tokenizer as TK
 
 THREADS, N_PROMPT, N_DECODE = 2, 512, 128
 TEXT = (
@@ -33,15 +33,15 @@ def load():
 
 
 def gradus_prefill(params, config, ids):
-    cache = models.new_cache(config, len(ids) + 1)
+    cache = engine.new_cache(config, len(ids) + 1)
     t0 = time.perf_counter()
     z = models.forward(params, ids, config, cache, 0, last_only=True)[0]
     return time.perf_counter() - t0, z
 
 
 def gradus_decode(params, config, ids, exact=False):
-    cache = models.new_cache(config, len(ids) + N_DECODE + 1)
-    step = models.stepper(params, config, cache, exact)
+    cache = engine.new_cache(config, len(ids) + N_DECODE + 1)
+    step = engine.stepper(params, config, cache, exact)
     z, out = step(ids, 0), []
     t0 = time.perf_counter()
     for i in range(N_DECODE):
