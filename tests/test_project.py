@@ -182,5 +182,5 @@ def test_module_graph_check_can_fail():
         "gradus/gguf.py:4: a function-local import of quants hides an edge",
         "gradus/nn.py:9: imports the package `gradus` itself (import modules relatively)",
         "gradus/cli.py:5: a function-local import of __main__ hides an edge",
-        "gradus/cli.py:5: cli (rank 10) imports __main__ (rank 11): not pointing down",
+        "gradus/cli.py:5: cli (rank 13) imports __main__ (rank 14): not pointing down",
         "import cycle: autograd -> tensor -> autograd"], found
