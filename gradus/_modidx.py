@@ -146,6 +146,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'gradus.gguf._short': ('gguf.html#_short', 'gradus/gguf.py'),
                              'gradus.gguf._tensor_lines': ('gguf.html#_tensor_lines', 'gradus/gguf.py'),
                              'gradus.gguf._tokenizer_lines': ('gguf.html#_tokenizer_lines', 'gradus/gguf.py'),
+                             'gradus.gguf.gemma3_path': ('gguf.html#gemma3_path', 'gradus/gguf.py'),
                              'gradus.gguf.inspect': ('gguf.html#inspect', 'gradus/gguf.py'),
                              'gradus.gguf.manifest': ('gguf.html#manifest', 'gradus/gguf.py'),
                              'gradus.gguf.open_gguf': ('gguf.html#open_gguf', 'gradus/gguf.py'),
