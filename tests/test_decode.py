@@ -13,18 +13,20 @@ from gradus.decode import (
     KVCache,
     GenerationConfig,
     Event,
-    STOP_REASONS,
-    apply_penalties,
-    keep_top_k,
-    keep_top_p,
-    keep_min_p,
-    sampler_stages,
     sample,
     generate,
     decode_parity,
     gpt_cache,
     gpt_step,
     generate_gpt,
+)
+from gradus.sampling import (
+    STOP_REASONS,
+    apply_penalties,
+    keep_top_k,
+    keep_top_p,
+    keep_min_p,
+    sampler_stages,
 )
 from gradus.shape import ShapeError
 from gradus.tokenizer import BPETokenizer, CharTokenizer, byte_to_unicode

@@ -196,9 +196,9 @@ MUTANTS = [
     M('bpe-merge-rank', "BPE applies the highest-rank (latest) merge first", 'tokenizer',
       (("r < best", "r > best"),),
       ('tests/test_tokenizer.py', '{nb}')),
-    # --- decode (nbs/20_decode) ---
+    # --- sampling (nbs/19_sampling) ---
     M('top-p-off-by-one', "top-p keeps one token too few (the prefix before the one reaching p)",
-      'decode', (("np.searchsorted(np.cumsum(prob[order]), p)) + 1",
+      'sampling', (("np.searchsorted(np.cumsum(prob[order]), p)) + 1",
                   "np.searchsorted(np.cumsum(prob[order]), p))"),),
       ('tests/test_decode.py -k top_p', '{nb}')),
 ]
