@@ -13,7 +13,7 @@ from gradus import tensor
 
 Modules:
 
-- `gradus.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers); the sampler (penalties, temperature, top-k, top-p, min-p) as pure functions of `(logits, key, config)`; `GenerationConfig`; `generate`, which drives any model's `step(tokens, pos)` and streams text; the decode-parity harness; the GPT as a model to decode.
+- `gradus.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers); `generate`, which drives any model's `step(tokens, pos)` with the sampler of `gradus.sampling` and streams text; the decode-parity harness; the GPT as a model to decode.
 - `gradus.gpt`: The nanoGPT-shaped GPT: token and learned position embeddings, pre-LayerNorm blocks with causal multi-head attention, a GELU MLP of 4× width, a final LayerNorm, and an output head tied to the token embedding. `init(key, config)`, `apply(params, tokens, config)`, and `apply_cached`, the same forward over a KV cache.
 - `gradus.lowering`: `to_jax(f, *example_args)`: the graph gradus traces for `f` (forward, generated backward, the whole training step) run by one JAX rule per primitive; data-parallel training over a device mesh (`jax.jit` with `NamedSharding`, and `shard_map` with `pmean`); the same step across processes.
 - `gradus.models`: A Llama-family decoder run from a GGUF file: hyperparameters from its metadata, weights kept in their block formats, the full forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention); `from_gguf` and `apply` (for the GPT too). The fast decode step is the next notebook's (`engine`)."""
