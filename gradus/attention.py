@@ -13,6 +13,7 @@ import math
 import numpy as np
 from . import dtype as D
 from . import tensor as T
+from . import ops
 from . import nn
 from .shape import ShapeError
 from . import random
@@ -51,7 +52,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, return_weights=
     scores = (q @ kT) * (1.0 / math.sqrt(d) if scale is None else float(scale))  # (..., t_q, t_k)
     if mask is not None:
         scores = T.where(mask, scores, np.asarray(D.finfo(scores.dtype).min, scores.dtype))
-    w = T.softmax(scores, axis=-1)                          # (..., t_q, t_k), each row sums to 1
+    w = ops.softmax(scores, axis=-1)                          # (..., t_q, t_k), each row sums to 1
     out = w @ v                                                      # (..., t_q, d_v)
     return (out, w) if return_weights else out
 
@@ -72,10 +73,10 @@ def apply_rope(x, offset=0, base=10000.0, interleaved=False):
     if interleaved:                                             # pairs (2i, 2i + 1)
         xp = x.reshape(tuple(x.shape[:-1]) + (d // 2, 2))                         # (..., t, d/2, 2)
         a, b = xp[..., 0], xp[..., 1]                                             # (..., t, d/2)
-        rotated = T.stack([a * cos - b * sin, a * sin + b * cos], axis=-1)        # (..., t, d/2, 2)
+        rotated = ops.stack([a * cos - b * sin, a * sin + b * cos], axis=-1)      # (..., t, d/2, 2)
         return rotated.reshape(x.shape)                                           # (..., t, d)
     a, b = x[..., :d // 2], x[..., d // 2:]                     # pairs (i, i + d/2): (..., t, d/2)
-    return T.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)          # (..., t, d)
+    return ops.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)          # (..., t, d)
 
 # %% ../nbs/12_attention.ipynb #0396c625
 def _gpt2_normal(key, shape, dtype):
@@ -175,5 +176,5 @@ def transformer_block(params, x, n_heads, n_kv_heads=None, mask=None, rope=False
     a = multi_head_attention(params['attn'], h, n_heads, n_kv_heads, mask, rope, offset,
                              cache=cache, layer=layer)
     x = x + _residual_dropout(k1, a, dropout)
-    h = T.gelu(nn.linear(params['mlp']['fc'], nn.layer_norm(params['ln2'], x)))   # (B, T, ratio·C)
+    h = ops.gelu(nn.linear(params['mlp']['fc'], nn.layer_norm(params['ln2'], x)))  # (B, T, ratio·C)
     return x + _residual_dropout(k2, nn.linear(params['mlp']['proj'], h), dropout)

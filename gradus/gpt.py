@@ -12,8 +12,8 @@ __all__ = ['GPTConfig', 'init', 'num_params', 'apply', 'apply_cached']
 import math
 from typing import NamedTuple
 import numpy as np
-from .autograd import tree_leaves
-from . import tensor as T
+from .pytree import tree_leaves
+from . import ops
 from . import nn
 from .attention import block_init, transformer_block, causal_mask
 from .shape import ShapeError
@@ -73,7 +73,7 @@ def apply(params, tokens, config, key=None, training=False):
         raise ShapeError(f"GPT: sequence length {t} exceeds block_size {c.block_size}")
     drop = training and c.dropout > 0
     keys = list(random.split(key, 1 + c.n_layer)) if drop else [None] * (1 + c.n_layer)
-    x = T.take(params['wte'], tokens, axis=0) + params['wpe'][:t]        # (B, T, C)
+    x = ops.take(params['wte'], tokens, axis=0) + params['wpe'][:t]        # (B, T, C)
     if drop: x = nn.dropout(keys[0], x, c.dropout, True)
     mask = causal_mask(t)                                                # (T, T)
     rate = c.dropout if drop else 0.0
@@ -98,7 +98,7 @@ def apply_cached(params, tokens, config, cache, pos=None):
     if pos + t > config.block_size:
         raise ShapeError(f"GPT: positions {pos}..{pos + t - 1} exceed block_size "
                          f"{config.block_size}")
-    x = T.take(params['wte'], tokens[None], axis=0) + params['wpe'][pos:pos + t]   # (1, t, C)
+    x = ops.take(params['wte'], tokens[None], axis=0) + params['wpe'][pos:pos + t]   # (1, t, C)
     for layer, blk in enumerate(params['blocks']):
         x = transformer_block(blk, x, config.n_head, offset=pos, cache=cache, layer=layer)
     cache.commit(t)

@@ -10,6 +10,7 @@ __all__ = ['mse', 'cross_entropy', 'binary_cross_entropy_with_logits']
 # %% ../nbs/07_loss.ipynb #19f85338
 import numpy as np
 from . import tensor as T
+from . import ops
 from . import dtype as D
 from .autograd import custom_vjp
 from .dtype import DTypeError
@@ -33,7 +34,7 @@ def _mean(x):
     """Mean of all elements of `x` in `x`'s dtype, accumulated in float32 at least: a float16 sum,
     or a count such as 70000, is past float16's largest finite value (65504)."""
     acc = np.promote_types(x.dtype, np.float32)
-    return T.mean(x) if acc == x.dtype else T.cast(T.mean(T.cast(x, acc)), x.dtype)
+    return ops.mean(x) if acc == x.dtype else T.cast(ops.mean(T.cast(x, acc)), x.dtype)
 
 def mse(pred, target):
     """Mean squared error `mean((pred − target)²)` over all elements.
@@ -69,7 +70,7 @@ def _nll_parts(z, y):
     d = _shift_by_max(z)
     e = T.exp(d)
     at = np.arange(n, dtype=np.int64) * C + T.cast(y, np.int64)           # (n,) flat (i, y_i)
-    return _log_sum_exp_shifted(d, e) - T.take(T.reshape(d, (n * C,)), at), e
+    return _log_sum_exp_shifted(d, e) - ops.take(T.reshape(d, (n * C,)), at), e
 
 def _nll_value(z, y): return _nll_parts(z, y)[0]
 

@@ -16,10 +16,12 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 from . import autograd as A
+from . import graph as GR
+from . import pytree as PT
 from . import tensor as T
 from . import optim, train
 from . import random as R
-from .autograd import Var
+from .graph import Var
 
 # %% ../nbs/23_lowering.ipynb #93970688
 class _NoJax:
@@ -186,7 +188,7 @@ def _split_host(g):
     keys = [v.dtype == np.uint64 for v in g.ins]
     fwd, dev, n_known = A.partial_eval(g, keys)   # fwd: what the keys alone determine
     if n_known: raise LoweringError("to_jax: outputs computed from keys alone are not supported")
-    return _Host(A.compile_graph(fwd, 'draws').fn, tuple(i for i, k in enumerate(keys) if k)), dev
+    return _Host(GR.compile_graph(fwd, 'draws').fn, tuple(i for i, k in enumerate(keys) if k)), dev
 
 # %% ../nbs/23_lowering.ipynb #20acc666
 def to_jax(f, *example_args):
@@ -201,13 +203,13 @@ def to_jax(f, *example_args):
     `g.unused`, the flat positions of argument leaves it never reads. Raises `LoweringError` (see
     `lower_graph`), `ValueError` for arguments whose structure differs from the example's."""
     _need_jax()
-    entry, _ = A.jit(f).lower(*example_args)
+    entry, _ = GR.jit(f).lower(*example_args)
     host, dev = _split_host(entry.graph)
     _check_rules(dev)
-    in_td, keys = A.tree_flatten(example_args)[1], host.keys if host else ()
+    in_td, keys = PT.tree_flatten(example_args)[1], host.keys if host else ()
     nm, read = dev.names(), _read_vars(dev)
     def flat(args):
-        leaves, td = A.tree_flatten(args)
+        leaves, td = PT.tree_flatten(args)
         if td != in_td: raise ValueError(f"to_jax: arguments {td} differ from the example {in_td}")
         return leaves
     def draw(*args):
@@ -251,17 +253,17 @@ def adamw_hyper(opt, step):
 # %% ../nbs/23_lowering.ipynb #283bf22a
 def global_norm(tree):
     "The L2 norm of all leaves of `tree` together, a 0-d array (traceable; in the leaves' dtype)."
-    leaves = A.tree_leaves(tree)
+    leaves = PT.tree_leaves(tree)
     total = T.sum(leaves[0] * leaves[0])
     for g in leaves[1:]: total = total + T.sum(g * g)
     return T.sqrt(total)
 
 def clip_by_global_norm(grads, max_norm):
     "`(grads · min(1, max_norm / norm), norm)` in traceable ops (Pascanu et al. 2013)."
-    leaves, td = A.tree_flatten(grads)
+    leaves, td = PT.tree_flatten(grads)
     norm = global_norm(grads)
     scale = T.where(norm > max_norm, max_norm / T.maximum(norm, 1e-30), 1.0)
-    return A.tree_unflatten(td, [g * T.cast(scale, g.dtype) for g in leaves]), norm
+    return PT.tree_unflatten(td, [g * T.cast(scale, g.dtype) for g in leaves]), norm
 
 def _adamw_leaf(p, g, m, v, decay, hyper, b1, b2, eps, wd):
     "One leaf of AdamW: the new `(p, m, v)`, in the order of operations of `optim.adamw`."
@@ -281,14 +283,14 @@ def adamw_update(opt):
     def update(grads, moments, params, hyper):
         if opt.clip_norm is None: norm = global_norm(grads)
         else: grads, norm = clip_by_global_norm(grads, opt.clip_norm)
-        gl, td = A.tree_flatten(grads)
-        pl = A.tree_leaves(params)
+        gl, td = PT.tree_flatten(grads)
+        pl = PT.tree_leaves(params)
         mask = opt.mask(params) if callable(opt.mask) else opt.mask
-        decay = [True] * len(pl) if mask is None else A.tree_leaves(mask)
+        decay = [True] * len(pl) if mask is None else PT.tree_leaves(mask)
         new = [_adamw_leaf(p, g, m, v, bool(d), hyper, b1, b2, opt.eps, opt.weight_decay)
-               for p, g, m, v, d in zip(pl, gl, A.tree_leaves(moments['mu']),
-                                        A.tree_leaves(moments['nu']), decay)]
-        out = lambda i: A.tree_unflatten(td, [n[i] for n in new])
+               for p, g, m, v, d in zip(pl, gl, PT.tree_leaves(moments['mu']),
+                                        PT.tree_leaves(moments['nu']), decay)]
+        out = lambda i: PT.tree_unflatten(td, [n[i] for n in new])
         return out(0), {'mu': out(1), 'nu': out(2)}, norm
     return update
 
@@ -334,12 +336,12 @@ def shard_map_step(loss_fn, opt, mesh, params, moments, hyper, *batch, axis='dat
     `loss_fn` must not draw random numbers (dropout: use `make_fit`, which draws on the host).
     Raises `ValueError` when the batch size is not a multiple of the number of devices."""
     n = mesh.shape[axis]
-    for x in A.tree_leaves(batch):
+    for x in PT.tree_leaves(batch):
         if np.shape(x)[0] % n:
             raise ValueError(f"shard_map_step: batch {np.shape(x)[0]} is not a multiple of {n}")
-    local = A.tree_map(lambda x: np.asarray(x)[:np.shape(x)[0] // n], batch)   # one shard's shape
+    local = PT.tree_map(lambda x: np.asarray(x)[:np.shape(x)[0] // n], batch)   # one shard's shape
     vg = to_jax(A.value_and_grad(loss_fn), params, *local)
-    update = to_jax(adamw_update(opt), A.tree_map(np.zeros_like, params), moments, params, hyper)
+    update = to_jax(adamw_update(opt), PT.tree_map(np.zeros_like, params), moments, params, hyper)
     def per_device(params, moments, hyper, *batch):
         loss, grads = lax.pmean(vg(params, *batch), axis)       # the mean over the mesh's devices
         return (loss,) + tuple(update(grads, moments, params, hyper))
@@ -360,11 +362,11 @@ def cpu_devices(n):
 
 def _stepper(loss_fn, settings, params, moments, batch, devices, axis):
     "`run(params, moments, t, batch) -> (loss, params, moments, grad_norm)`, jitted or sharded."
-    if any(len(A.tree_leaves(b)) != 1 for b in batch):
+    if any(len(PT.tree_leaves(b)) != 1 for b in batch):
         raise ValueError("fit: each batch entry must be one array")
     hyper = adamw_hyper(settings, 0)
     lowered = to_jax(train_step(loss_fn, settings), params, moments, hyper, *batch)
-    front = len(A.tree_leaves((params, moments, hyper)))
+    front = len(PT.tree_leaves((params, moments, hyper)))
     live = [i for i in range(len(batch)) if front + i not in lowered.unused]  # keys: host only
     rows = [np.shape(d)[:1] == np.shape(batch[0])[:1]           # drawn per batch row (masks)
             for d in lowered.host(params, moments, hyper, *batch)]
@@ -384,7 +386,7 @@ def _stepper(loss_fn, settings, params, moments, batch, devices, axis):
     return run
 
 # %% ../nbs/23_lowering.ipynb #802d37a5
-def _to_numpy(tree): return A.tree_map(np.asarray, tree)
+def _to_numpy(tree): return PT.tree_map(np.asarray, tree)
 
 def _record(t, loss, norm, lr, clip_norm):
     "The step's record as `train.fit` writes it; `NonFiniteError` for a NaN/inf loss or norm."

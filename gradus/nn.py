@@ -12,6 +12,7 @@ __all__ = ['relu', 'gelu', 'tanh', 'sigmoid', 'normal', 'uniform', 'glorot_unifo
 import math
 import numpy as np
 from . import tensor as T
+from . import ops
 from . import dtype as D
 from .dtype import DTypeError
 from .shape import ShapeError
@@ -100,7 +101,7 @@ def embedding(params, ids):
     if isinstance(ids, np.ndarray) and ids.dtype in D.INTS and ids.size:
         bad = (ids < 0) | (ids >= w.shape[0])
         if bad.any(): raise IndexError(f"embedding: id {ids[bad][0]} outside [0, {w.shape[0]})")
-    return T.take(w, ids, axis=0)
+    return ops.take(w, ids, axis=0)
 
 # %% ../nbs/09_nn.ipynb #99ea5606
 def layer_norm_init(dim, bias=True, dtype=np.float32):
@@ -119,13 +120,13 @@ def _normalise(d, eps):
     "`d / √(mean(d²) + eps)` computed as `(d/s) / √(mean((d/s)²) + eps/s²)`, `s = _row_scale(d)`."
     s = _row_scale(d)
     u = d / s
-    return u / T.sqrt(T.mean(u * u, -1, keepdims=True) + eps / s / s)   # eps/s², no s² overflow
+    return u / T.sqrt(ops.mean(u * u, -1, keepdims=True) + eps / s / s)   # eps/s², no s² overflow
 
 def layer_norm(params, x, eps=1e-5):
     """Layer normalisation (Ba et al. 2016) over the last axis of `x` (`(..., dim)`, float): zero
     mean and unit variance per row (biased variance), then `· scale + bias`. Finite value and
     gradient for constant rows, and full relative accuracy for rows up to 1e30 in float32."""
-    d = x - T.mean(x, -1, keepdims=True)
+    d = x - ops.mean(x, -1, keepdims=True)
     y = _normalise(d, eps) * params['scale']
     return y + params['bias'] if 'bias' in params else y
 
@@ -160,7 +161,7 @@ def mlp_init(key, sizes, bias=True, w_init=glorot_uniform, dtype=np.float32):
     return [linear_init(k, a, b, bias, w_init, dtype)
             for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
 
-def mlp(params, x, activation=T.relu):
+def mlp(params, x, activation=ops.relu):
     """`x` (`(..., in)`) through each layer of `params`, `activation` after every layer but the
     last; `(..., out)`."""
     for i, p in enumerate(params):
@@ -168,4 +169,4 @@ def mlp(params, x, activation=T.relu):
         if i < len(params) - 1: x = activation(x)
     return x
 
-relu, gelu, tanh, sigmoid = T.relu, T.gelu, T.tanh, T.sigmoid
+relu, gelu, tanh, sigmoid = ops.relu, ops.gelu, T.tanh, ops.sigmoid

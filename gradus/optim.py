@@ -12,8 +12,8 @@ __all__ = ['Optimizer', 'NonFiniteError', 'sgd', 'decay_mask', 'adamw', 'adam', 
 import math
 from typing import Callable, NamedTuple
 import numpy as np
-from .autograd import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map,
-                             tree_unflatten)
+from .pytree import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map,
+                           tree_unflatten)
 from .dtype import DTypeError
 from .shape import ShapeError
 

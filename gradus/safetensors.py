@@ -94,7 +94,7 @@ def save_safetensors(path, tensors, metadata=None):
     """Save `tensors`, a `dict[str, array]`, to `path` in the safetensors format, atomically.
 
     Names are non-empty strings (a pytree gets its dotted leaf paths from
-    `gradus.autograd.tree_to_dict`); dtypes in `SAFETENSORS_DTYPES` are kept as they are;
+    `gradus.pytree.tree_to_dict`); dtypes in `SAFETENSORS_DTYPES` are kept as they are;
     `metadata` is a `dict[str, str]` stored in the header's `__metadata__`. Tensors are laid out by
     decreasing itemsize, then name, after a header padded to 8 bytes, so every tensor is aligned to
     its itemsize. Raises `FormatError` for a name that is not a non-empty str, an unsupported dtype
@@ -214,7 +214,7 @@ def read_safetensors_header(path):
 def load_safetensors(path, *, with_metadata=False):
     """Load a safetensors file (written by gradus, the `safetensors` package, PyTorch or HF tools).
 
-    Returns the `{name: array}` dict (`gradus.autograd.tree_from_dict` rebuilds a pytree from dotted
+    Returns the `{name: array}` dict (`gradus.pytree.tree_from_dict` rebuilds a pytree from dotted
     names); arrays keep the stored dtype (bfloat16 as `ml_dtypes.bfloat16`). With
     `with_metadata=True` returns `(tensors, metadata)`. Raises `FormatError` (see
     `read_safetensors_header`), and for a tensor of a dtype gradus does not unpack (F4, F6,

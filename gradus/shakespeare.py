@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import NamedTuple
 import numpy as np
-from .autograd import jit
+from .graph import jit
 from . import optim, train, gpt, decode
 from . import loss as L
 from .tokenizer import CharTokenizer

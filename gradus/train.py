@@ -13,8 +13,8 @@ import math, time, weakref
 from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
-from .autograd import (tree_to_dict, tree_from_dict, tree_flatten, tree_unflatten,
-                             value_and_grad)
+from .pytree import tree_to_dict, tree_from_dict, tree_flatten, tree_unflatten
+from .autograd import value_and_grad
 from .dtype import DTypeError
 from .shape import ShapeError
 from . import random

@@ -7,7 +7,7 @@ import pytest
 from gradus import gpt
 from gradus import random as R
 from gradus.attention import causal_mask
-from gradus.autograd import tree_map
+from gradus.pytree import tree_map
 from gradus.decode import (
     CacheError,
     KVCache,

@@ -6,7 +6,7 @@ import numpy as np, ml_dtypes, pytest
 import gguf, safetensors, safetensors.numpy
 from gguf import GGMLQuantizationType as GQ
 from gradus import gguf as G, quants as Q, safetensors as st
-from gradus.autograd import tree_to_dict, tree_from_dict
+from gradus.pytree import tree_to_dict, tree_from_dict
 from gradus.safetensors import FormatError
 from gradus.quants import GGMLType, BLOCK
 sys.path.insert(0, str(Path(__file__).parent))

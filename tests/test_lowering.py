@@ -12,6 +12,7 @@ jax = pytest.importorskip('jax', reason='jax is not installed (the extra: pip in
 import jax.numpy as jnp  # noqa: E402
 import gradus as gd  # noqa: E402
 from gradus import tensor as T, lowering as LW, nn, optim, gpt, random as R  # noqa: E402
+from gradus import ops
 from gradus import loss as L  # noqa: E402
 from gradus.autograd import custom_vjp  # noqa: E402
 
@@ -73,12 +74,12 @@ CASES = [
     ('cast', lambda a: T.cast(a, np.float16), (f32(4),)),
     ('getitem', lambda a: a[1:, None, -1, ::2], (f32(3, 4, 5),)),
     ('index_put', gd.grad(lambda a: T.sum(a[1:, ::2] ** 2)), (f32(3, 4),)),
-    ('take', lambda a, i: T.take(a, i, axis=1), (f32(2, 5), np.array([[0, -1], [4, 2]]))),
-    ('scatter_add', gd.grad(lambda a, i: T.sum(T.take(a, i, axis=0) ** 2)),
+    ('take', lambda a, i: ops.take(a, i, axis=1), (f32(2, 5), np.array([[0, -1], [4, 2]]))),
+    ('scatter_add', gd.grad(lambda a, i: T.sum(ops.take(a, i, axis=0) ** 2)),
      (f32(4, 3), np.array([1, 1, -1, 0, 1]))),                 # repeated and negative indices
-    ('concatenate', lambda a, b: T.concatenate([a, b], axis=1), (f32(2, 3), f32(2, 1))),
-    ('gelu_tanh', T.gelu, (f32(6),)),
-    ('gelu_grad', gd.grad(lambda a: T.sum(T.gelu(a))), (f32(6),)),
+    ('concatenate', lambda a, b: ops.concatenate([a, b], axis=1), (f32(2, 3), f32(2, 1))),
+    ('gelu_tanh', ops.gelu, (f32(6),)),
+    ('gelu_grad', gd.grad(lambda a: T.sum(ops.gelu(a))), (f32(6),)),
     ('custom_vjp_call', gd.grad(lambda a: T.sum(_clipped_identity(a) * a)), (f32(6),)),
 ]
 IDS = [f"{n}-{i}" for i, (n, _, _) in enumerate(CASES)]
@@ -101,7 +102,7 @@ def _close(a, b, rtol=2e-6, atol=2e-6):
 def test_every_primitive_has_a_rule_or_a_reason():
     "Each gradus primitive has a rule, or a reason in NO_RULE; the cases below cover every rule."
     from gradus.autograd import _custom_vjp_call_p
-    names = {p.name for p in T.PRIMITIVES} | {_custom_vjp_call_p.name, 'random_split',
+    names = {p.name for p in ops.PRIMITIVES} | {_custom_vjp_call_p.name, 'random_split',
                                                'random_fold_in', 'random_uniform'}
     known = set(LW.RULES) | set(LW.NO_RULE)
     assert names == known, names ^ known
@@ -124,8 +125,8 @@ NO_GRAD = ('sign', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'n
            'isfinite', 'cast', 'take')
 DIFF = [(n, f, a) for n, f, a in CASES if not hasattr(f, 'lower') and n not in NO_GRAD
         and all(np.asarray(x).dtype != gd.dtype.bfloat16 for x in a)]
-DIFF += [('take', lambda a: T.take(a, np.array([[0, -1], [4, 0]]), axis=1), (f32(2, 5),)),
-         ('gelu_grad', lambda a: gd.grad(lambda b: T.sum(T.gelu(b) * b))(a), (f32(6),)),  # 2nd
+DIFF += [('take', lambda a: ops.take(a, np.array([[0, -1], [4, 0]]), axis=1), (f32(2, 5),)),
+         ('gelu_grad', lambda a: gd.grad(lambda b: T.sum(ops.gelu(b) * b))(a), (f32(6),)),  # 2nd
          ('custom_vjp_call', lambda a: _clipped_identity(a) * 2.0, (f32(6),))]
 
 
@@ -206,14 +207,14 @@ def test_dropout_draws_run_on_the_host():
 def test_out_of_range_index_reads_nan_where_numpy_raises():
     "The documented decision: numpy raises IndexError; the lowered take reads NaN, not a real row."
     E, ids = f32(3, 2), np.array([0, 3])
-    with pytest.raises(IndexError): T.take(E, ids)
-    got = np.asarray(LW.to_jax(lambda e, i: T.take(e, i), E, ids)(E, ids))
+    with pytest.raises(IndexError): ops.take(E, ids)
+    got = np.asarray(LW.to_jax(lambda e, i: ops.take(e, i), E, ids)(E, ids))
     np.testing.assert_array_equal(got[0], E[0])
     assert np.isnan(got[1]).all()
 
 
 def test_int64_input_that_does_not_fit_int32_is_refused():
-    f = lambda i: T.take(np.ones((3, 2), np.float32), i)
+    f = lambda i: ops.take(np.ones((3, 2), np.float32), i)
     ok = np.array([0, 2])
     low = LW.to_jax(f, ok)
     _close(low(ok), np.ones((2, 2)))
@@ -280,12 +281,13 @@ MULTI = textwrap.dedent('''
     import numpy as np, jax
     import gradus as gd
     from gradus import lowering as LW, optim, nn, random as R, tensor as T, loss as L
+    from gradus import ops
     k = R.split(R.key(0), 3)
     params = {'emb': {'w': nn.normal(k[0], (11, 4), 0.5)}, 'w1': nn.glorot_uniform(k[1], (12, 16)),
               'b1': nn.zeros((16,)), 'w2': nn.glorot_uniform(k[2], (16, 11))}
     def loss_fn(p, ids, y):
         h = nn.embedding(p['emb'], ids).reshape(ids.shape[0], -1)   # (B, T*C)
-        return L.cross_entropy(T.gelu(h @ p['w1'] + p['b1']) @ p['w2'], y)
+        return L.cross_entropy(ops.gelu(h @ p['w1'] + p['b1']) @ p['w2'], y)
     r = np.random.default_rng(2)
     x, y = r.integers(0, 11, (16, 3)), r.integers(0, 11, 16)
     opt = LW.AdamW(1e-2, (0.9, 0.99), 1e-8, 0.1, optim.decay_mask, clip_norm=0.5)
@@ -388,6 +390,7 @@ NO_JAX = textwrap.dedent('''
     sys.modules['jax'] = None                  # as if the extra were not installed
     import numpy as np
     from gradus import lowering, tensor as T
+    from gradus import ops
     from gradus.cli import main
     try: lowering.to_jax(lambda a: T.exp(a), np.ones(2, np.float32))
     except ImportError as e: print('to_jax:', e)

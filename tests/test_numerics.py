@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import gradus as gd
 from gradus import tensor as T
+from gradus import ops
 from gradus.dtype import DTypeError
 from gradus.shape import ShapeError
 
@@ -36,10 +37,10 @@ def mp_gelu_grad(v):
 
 
 REF = {   # name -> (op, value, derivative)
-    'sigmoid': (T.sigmoid, mp_sig, lambda v: mp_sig(v) * mp_sig(-v)),
-    'softplus': (T.softplus, lambda v: mpmath.log1p(mpmath.exp(v)), mp_sig),
-    'gelu': (T.gelu, lambda v: v * mp_sig(mp_v(v)), mp_gelu_grad),
-    'gelu_exact': (lambda x: T.gelu(x, approximate=False),
+    'sigmoid': (ops.sigmoid, mp_sig, lambda v: mp_sig(v) * mp_sig(-v)),
+    'softplus': (ops.softplus, lambda v: mpmath.log1p(mpmath.exp(v)), mp_sig),
+    'gelu': (ops.gelu, lambda v: v * mp_sig(mp_v(v)), mp_gelu_grad),
+    'gelu_exact': (lambda x: ops.gelu(x, approximate=False),
                    lambda v: v / 2 * mpmath.erfc(-v / mpmath.sqrt(2)),
                    lambda v: mpmath.erfc(-v / mpmath.sqrt(2)) / 2 + v * mpmath.npdf(v)),
 }
@@ -97,11 +98,11 @@ def test_elementwise_relative_accuracy(name, dt):
 def test_sigmoid_tails_issue_cases():
     "Issue 9: ½(1 + tanh(x/2)) gave 0 at x = −40 (float64), a 8e-4 relative error at −12 (float32)."
     exact40 = float(mp_sig(mpf(-40)))
-    assert abs(float(T.sigmoid(np.float64(-40.0))) / exact40 - 1) < 4 * np.finfo(np.float64).eps
+    assert abs(float(ops.sigmoid(np.float64(-40.0))) / exact40 - 1) < 4 * np.finfo(np.float64).eps
     exact12 = float(mp_sig(mpf(-12)))
-    assert abs(float(T.sigmoid(np.float32(-12.0))) / exact12 - 1) < 2 * np.finfo(np.float32).eps
-    assert np.isfinite(T.log(T.sigmoid(np.float64(-700.0))))          # log(sigmoid) no longer -inf
-    g = gd.grad(lambda x: T.sigmoid(x))(np.float64(-40.0))
+    assert abs(float(ops.sigmoid(np.float32(-12.0))) / exact12 - 1) < 2 * np.finfo(np.float32).eps
+    assert np.isfinite(T.log(ops.sigmoid(np.float64(-700.0))))         # log(sigmoid) no longer -inf
+    g = gd.grad(lambda x: ops.sigmoid(x))(np.float64(-40.0))
     assert abs(g / exact40 - 1) < 8 * np.finfo(np.float64).eps
 
 
@@ -109,9 +110,9 @@ def test_gelu_negative_tail_is_not_zero():
     "GELU(−10) is about −7.6e-23 (exact), −1.2e-37 (tanh form); `1 + erf`, `1 + tanh` returned 0."
     x = np.array([-10.0])
     exact = float(REF['gelu_exact'][1](mpf(-10)))
-    assert T.gelu(x, approximate=False)[0] == pytest.approx(exact, rel=1e-13)
-    assert T.gelu(x)[0] == pytest.approx(float(REF['gelu'][1](mpf(-10))), rel=1e-13)
-    assert T.gelu(x.astype(np.float32))[0] < 0 and T.gelu_tanh_reference(x)[0] < 0
+    assert ops.gelu(x, approximate=False)[0] == pytest.approx(exact, rel=1e-13)
+    assert ops.gelu(x)[0] == pytest.approx(float(REF['gelu'][1](mpf(-10))), rel=1e-13)
+    assert ops.gelu(x.astype(np.float32))[0] < 0 and ops.gelu_tanh_reference(x)[0] < 0
 
 
 @pytest.mark.parametrize('dt', DTYPES + [np.float16], ids=['float32', 'float64', 'float16'])
@@ -159,7 +160,7 @@ def mp_row(name, row, w):
     return p, [b * (a - pw) for a, b in zip(w, p)], [b * (a + paw) for a, b in zip(aw, p)]
 
 
-ROW_OPS = {'logsumexp': T.logsumexp, 'softmax': T.softmax, 'log_softmax': T.log_softmax}
+ROW_OPS = {'logsumexp': ops.logsumexp, 'softmax': ops.softmax, 'log_softmax': ops.log_softmax}
 
 
 @pytest.mark.parametrize('dt', DTYPES, ids=['float32', 'float64'])
@@ -183,8 +184,8 @@ def test_row_ops_relative_accuracy(name, dt):
 def test_log_softmax_two_equal_float32_logits(big):
     "Issue 9: z − logsumexp(z) gave a cross-entropy of 0.693359 at 1e4, 0.6875 at 1e6, 0 at 1e8."
     z = np.full((1, 2), big, np.float32)
-    assert T.log_softmax(z)[0, 0] == np.float32(-math.log(2))
-    ce = gd.value_and_grad(lambda z: -T.log_softmax(z)[0, 0])(z)
+    assert ops.log_softmax(z)[0, 0] == np.float32(-math.log(2))
+    ce = gd.value_and_grad(lambda z: -ops.log_softmax(z)[0, 0])(z)
     assert ce[0] == np.float32(math.log(2)) and np.allclose(ce[1], [[-0.5, 0.5]])
 
 
@@ -192,9 +193,9 @@ def test_row_ops_all_minus_inf_row():
     "A fully masked row: logsumexp −inf; softmax and log_softmax have no distribution (NaN)."
     x = np.array([[0.5, 1.0], [-np.inf, -np.inf]])
     with np.errstate(divide='ignore', invalid='ignore'):
-        assert T.logsumexp(x)[1] == -np.inf           # its zero gradient: tests/test_gradcheck.py
-        assert np.isnan(T.log_softmax(x)[1]).all() and np.isnan(T.softmax(x)[1]).all()
-        assert np.allclose(np.exp(T.log_softmax(x)[0]), T.softmax(x)[0])
+        assert ops.logsumexp(x)[1] == -np.inf           # its zero gradient: tests/test_gradcheck.py
+        assert np.isnan(ops.log_softmax(x)[1]).all() and np.isnan(ops.softmax(x)[1]).all()
+        assert np.allclose(np.exp(ops.log_softmax(x)[0]), ops.softmax(x)[0])
 
 
 # --- eager shape and dtype errors (issue 9, item 2) ---------------------------------------------
@@ -209,13 +210,13 @@ BAD = {   # primitive name -> (a call that reaches it, operands its rule refuses
     'greater_equal': (T.greater_equal, o(3), o(2)), 'equal': (T.equal, o(3), o(2)),
     'not_equal': (T.not_equal, o(3), o(2)), 'where': (T.where, o((2, 3), bool), o(2), o(3)),
     'matmul': (T.matmul, o((2, 3)), o((4, 5))),
-    'concatenate': (lambda a, b: T.concatenate([a, b]), o((2, 3)), o((2, 4))),
+    'concatenate': (lambda a, b: ops.concatenate([a, b]), o((2, 3)), o((2, 4))),
     'reshape': (lambda a: T.reshape(a, (4,)), o((2, 3))),
     'transpose': (lambda a: T.transpose(a, (0, 0)), o((2, 3))),
     'broadcast_to': (lambda a: T.broadcast_to(a, (3,)), o(2)),
     'sum': (lambda a: T.sum(a, 2), o((2, 3))), 'max': (lambda a: T.max(a, 0), o((0, 3))),
-    'take': (lambda a, i: T.take(a, i), o((2, 3)), o(2, np.float32)),
-    'getitem': (lambda a: T.getitem(a, np.array([True, False])), o((2, 3))),
+    'take': (lambda a, i: ops.take(a, i), o((2, 3)), o(2, np.float32)),
+    'getitem': (lambda a: ops.getitem(a, np.array([True, False])), o((2, 3))),
     'cast': (lambda a: T.cast(a, np.complex64), o(2)),
 }
 # the rules themselves, bound directly with operands the ops never pass (two dtypes, float cond)
@@ -224,8 +225,8 @@ BAD_BIND = {
     'less': (T._less_p.bind, o(3, np.float32), o(3)),
     'matmul': (T._matmul_p.bind, o((2, 3), np.float32), o((3, 2))),
     'where': (T._where_p.bind, o(3), o(3), o(3)),
-    'concatenate': (lambda a, b: T._concatenate_p.bind(a, b, axis=0), o(3, np.float32), o(3)),
-    'take': (lambda a, i: T._take_p.bind(a, i, axis=0), o(3), o(2)),
+    'concatenate': (lambda a, b: ops._concatenate_p.bind(a, b, axis=0), o(3, np.float32), o(3)),
+    'take': (lambda a, i: ops._take_p.bind(a, i, axis=0), o(3), o(2)),
 }
 # no operands of a single dtype and shape can be refused: one operand, any shape (elementwise, or a
 # reduction/movement whose parameters the op validates before binding: covered by BAD above)
@@ -245,7 +246,7 @@ def traced_error(f, *args):
 
 
 def test_every_primitive_is_in_the_error_sweep():
-    names = {p.name for p in T.PRIMITIVES}
+    names = {p.name for p in ops.PRIMITIVES}
     assert names == set(BAD) | NOTHING_TO_REFUSE, names ^ (set(BAD) | NOTHING_TO_REFUSE)
 
 
@@ -292,23 +293,24 @@ def _valid_cases():
             (T._transpose_p, (r((2, 3, 4)),), dict(axes=(2, 0, 1))),
             (T._broadcast_to_p, (r((3, 1)),), dict(shape=(2, 3, 4))),
             (T._cast_p, (r(3),), dict(dtype=np.dtype(np.float32))),
-            (T._getitem_p, (r((5, 4)),), dict(idx=(slice(1, 4), None, -1))),
-            (T._index_put_p, (r((3, 4)),), dict(idx=(slice(1, 4),), shape=(6, 4))),
-            (T._take_p, (r((5, 3)), np.array([[0, 2], [2, 2]])), dict(axis=0)),
-            (T._scatter_add_p, (r((2, 2, 3)), np.array([[0, 4], [4, 4]])),
+            (ops._getitem_p, (r((5, 4)),), dict(idx=(slice(1, 4), None, -1))),
+            (ops._index_put_p, (r((3, 4)),), dict(idx=(slice(1, 4),), shape=(6, 4))),
+            (ops._take_p, (r((5, 3)), np.array([[0, 2], [2, 2]])), dict(axis=0)),
+            (ops._scatter_add_p, (r((2, 2, 3)), np.array([[0, 4], [4, 4]])),
              dict(axis=0, shape=(5, 3))),
-            (T._concatenate_p, (r((2, 3)), r((4, 3))), dict(axis=0))] + \
+            (ops._concatenate_p, (r((2, 3)), r((4, 3))), dict(axis=0))] + \
            [(p, (r((2, 3)), r(3)), {}) for p in (T._less_p, T._less_equal_p, T._greater_p,
                                                  T._greater_equal_p, T._equal_p,
                                                  T._not_equal_p)] + \
-           [(p, (np.abs(r((2, 3))) + 0.5,), {}) for p in T.PRIMITIVES if p.name in NOTHING_TO_REFUSE
+           [(p, (np.abs(r((2, 3))) + 0.5,), {})
+             for p in ops.PRIMITIVES if p.name in NOTHING_TO_REFUSE
             and p.name not in ('index_put', 'scatter_add')]
 
 
 def test_rule_agrees_with_the_eager_result_for_every_primitive():
     "On valid operands the rule's (shape, dtype) is exactly what the implementation returns."
     cases = _valid_cases()
-    assert {p.name for p, _, _ in cases} == {p.name for p in T.PRIMITIVES}
+    assert {p.name for p, _, _ in cases} == {p.name for p in ops.PRIMITIVES}
     for prim, args, params in cases:
         out = prim.bind(*args, **params)
         assert prim.abstract(*args, **params) == (out.shape, out.dtype), prim
@@ -323,7 +325,7 @@ def test_compiled_code_never_binds(monkeypatch):
         calls.append(self)
         return bind(self, *args, **params)
     monkeypatch.setattr(T.Primitive, 'bind', counting_bind)
-    vg = gd.value_and_grad(lambda w, x: T.mean(T.tanh(x @ w) ** 2))
+    vg = gd.value_and_grad(lambda w, x: ops.mean(T.tanh(x @ w) ** 2))
     w, x = np.ones((3, 2), np.float32), np.ones((4, 3), np.float32)
     vg(w, x)                                   # trace and compile: binds every primitive
     assert calls

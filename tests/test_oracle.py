@@ -12,6 +12,7 @@ import autograd.numpy as anp
 import autograd.scipy.special as asp
 import gradus as gd
 from gradus import tensor as T
+from gradus import ops
 
 A = types.SimpleNamespace(**{k: getattr(anp, k) for k in dir(anp) if not k.startswith('_')})
 A.erf = asp.erf
@@ -24,8 +25,9 @@ A.softplus = lambda x: anp.maximum(x, 0) + anp.log1p(anp.exp(-anp.abs(x)))
 A.gelu = lambda x: 0.5 * x * (1 + anp.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 A.gelu_exact = lambda x: 0.5 * x * (1 + asp.erf(x / np.sqrt(2)))
 A.take = lambda x, i, axis=0: x[i]  # autograd has no VJP for take; indexing is its gather
-G = T
-G.gelu_exact = lambda x: T.gelu(x, approximate=False)
+# gradus's side: the ops of tensor and ops in one namespace (a copy: the modules stay untouched)
+G = types.SimpleNamespace(**{k: getattr(m, k) for m in (T, ops) for k in m.__all__})
+G.gelu_exact = lambda x: ops.gelu(x, approximate=False)
 
 rng = np.random.default_rng(42)
 X, W1 = rng.standard_normal((6, 4)), rng.standard_normal((4, 5))

@@ -10,6 +10,7 @@ import autograd.numpy as anp
 import autograd.scipy.special as asp
 import gradus as gd
 from gradus import tensor as T, nn, attention as A
+from gradus import ops
 
 rng = np.random.default_rng(5)
 X = rng.standard_normal((3, 4, 5))
@@ -30,12 +31,12 @@ UNARY = {  # name: (gradus op, autograd formula, input)
     'sqrt': (T.sqrt, anp.sqrt, POS), 'absolute': (T.absolute, anp.abs, X),
     'negative': (T.negative, anp.negative, X), 'erf': (T.erf, asp.erf, X),
     'erfc': (T.erfc, lambda x: 1 - asp.erf(x), X),
-    'sigmoid': (T.sigmoid, lambda x: 1 / (1 + anp.exp(-x)), X),
-    'softplus': (T.softplus, lambda x: anp.log1p(anp.exp(x)), X),
-    'relu': (T.relu, lambda x: anp.where(x > 0, x, 0.0), X),
-    'gelu': (T.gelu, lambda x: 0.5 * x * (1 + anp.tanh(math.sqrt(2 / math.pi)
+    'sigmoid': (ops.sigmoid, lambda x: 1 / (1 + anp.exp(-x)), X),
+    'softplus': (ops.softplus, lambda x: anp.log1p(anp.exp(x)), X),
+    'relu': (ops.relu, lambda x: anp.where(x > 0, x, 0.0), X),
+    'gelu': (ops.gelu, lambda x: 0.5 * x * (1 + anp.tanh(math.sqrt(2 / math.pi)
                                                         * (x + 0.044715 * x**3))), X),
-    'gelu_exact': (lambda x: T.gelu(x, approximate=False),
+    'gelu_exact': (lambda x: ops.gelu(x, approximate=False),
                    lambda x: 0.5 * x * (1 + asp.erf(x / math.sqrt(2))), X),
 }
 
@@ -63,17 +64,18 @@ def test_binary_primitives_both_operands_broadcast(name):
 @pytest.mark.parametrize('axis', [0, 1, (0, 2)], ids=str)
 def test_reductions_on_non_last_axes(axis):
     w = np.sum(W, axis=axis)
-    for g_op, a_op in [(T.sum, anp.sum), (T.max, anp.max), (T.mean, anp.mean), (T.var, anp.var)]:
+    pairs = [(T.sum, anp.sum), (T.max, anp.max), (ops.mean, anp.mean), (ops.var, anp.var)]
+    for g_op, a_op in pairs:
         check(lambda x: T.sum(g_op(x, axis) * w), lambda x: anp.sum(a_op(x, axis=axis) * w), X)
-    check(lambda x: T.sum(T.logsumexp(x, axis) * w),
+    check(lambda x: T.sum(ops.logsumexp(x, axis) * w),
           lambda x: anp.sum(asp.logsumexp(x, axis=axis) * w), X)
 
 
 @pytest.mark.parametrize('axis', [0, 1, -1])
 def test_softmax_family_on_every_axis(axis):
     sm = lambda x: anp.exp(x - asp.logsumexp(x, axis=axis, keepdims=True))
-    check(lambda x: T.sum(T.softmax(x, axis) * W), lambda x: anp.sum(sm(x) * W), X)
-    check(lambda x: T.sum(T.log_softmax(x, axis) * W),
+    check(lambda x: T.sum(ops.softmax(x, axis) * W), lambda x: anp.sum(sm(x) * W), X)
+    check(lambda x: T.sum(ops.log_softmax(x, axis) * W),
           lambda x: anp.sum((x - asp.logsumexp(x, axis=axis, keepdims=True)) * W), X)
 
 
@@ -83,9 +85,9 @@ def test_shape_and_index_primitives():
           lambda x: anp.sum(anp.transpose(x, (2, 0, 1)) * W.transpose(2, 0, 1)), X)
     check(lambda x: T.sum(T.reshape(x, (12, 5)) ** 2),
           lambda x: anp.sum(anp.reshape(x, (12, 5)) ** 2), X)
-    check(lambda x: T.sum(T.take(x, idx, axis=0) ** 3), lambda x: anp.sum(x[idx] ** 3), X)
+    check(lambda x: T.sum(ops.take(x, idx, axis=0) ** 3), lambda x: anp.sum(x[idx] ** 3), X)
     check(lambda x: T.sum(x[1:, ::2] ** 2), lambda x: anp.sum(x[1:, ::2] ** 2), X)
-    check(lambda x: T.sum(T.concatenate([x, 2 * x], axis=1) ** 2),
+    check(lambda x: T.sum(ops.concatenate([x, 2 * x], axis=1) ** 2),
           lambda x: anp.sum(anp.concatenate([x, 2 * x], axis=1) ** 2), X)
     check(lambda x: T.sum(T.where(x > 0, x * x, -x)),
           lambda x: anp.sum(anp.where(x > 0, x * x, -x)), X)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import gradus as gd
 from gradus import tensor as T
-from gradus import autograd as A
+from gradus import ops
+from gradus import graph as GR
 from gradus.dtype import DTypeError
 from gradus.shape import ShapeError
 
@@ -16,12 +17,12 @@ def random_function(seed):
     "A random composition of differentiable ops from R^(3x4) x R^(4) to R^(3x2)."
     g = np.random.default_rng(seed)
     W = g.standard_normal((4, 2))
-    unary = [T.tanh, T.sin, T.sigmoid, lambda z: T.gelu(z), lambda z: z * z, T.softplus]
-    ops = [unary[i] for i in g.integers(0, len(unary), 3)]
+    unary = [T.tanh, T.sin, ops.sigmoid, lambda z: ops.gelu(z), lambda z: z * z, ops.softplus]
+    fs = [unary[i] for i in g.integers(0, len(unary), 3)]
     def f(x, b):
-        h = ops[0](x + b)
-        h = ops[1](h) * T.exp(-0.1 * T.sum(x * x, axis=1, keepdims=True))
-        return ops[2](h @ W)
+        h = fs[0](x + b)
+        h = fs[1](h) * T.exp(-0.1 * T.sum(x * x, axis=1, keepdims=True))
+        return fs[2](h @ W)
     return f
 
 
@@ -135,7 +136,7 @@ def test_closure_over_outer_tracer():
 
 
 def test_jit_matches_eager_and_caches():
-    f = lambda p, x: T.softmax(T.tanh(x @ p['w']), axis=-1)
+    f = lambda p, x: ops.softmax(T.tanh(x @ p['w']), axis=-1)
     p, x = {'w': rng.standard_normal((3, 4))}, rng.standard_normal((5, 3))
     jf = gd.jit(f)
     np.testing.assert_allclose(jf(p, x), f(p, x), rtol=1e-12)
@@ -240,15 +241,15 @@ def test_jit_output_never_aliases_an_input():
 def test_check_grads_on_mixed_pytree():
     """A dict holding both float weights and integer ids: the ids are held constant, the weights
     checked."""
-    f = lambda p: T.sum(T.take(p['w'], p['ids'], axis=0) ** 2)
+    f = lambda p: T.sum(ops.take(p['w'], p['ids'], axis=0) ** 2)
     assert gd.check_grads(f, ({'w': rng.standard_normal((4, 2)), 'ids': np.array([0, 3, 3])},)) <= 1
 
 
 def test_graph_names_skip_keywords_and_np():
     "Short names run a..z, ba.. and are never a Python keyword or `np` (generated code uses them)."
     import keyword
-    v = [A.Var(i, (), 'float32') for i in range(800)]
-    names = A.Graph(v, [], []).names()
+    v = [GR.Var(i, (), 'float32') for i in range(800)]
+    names = GR.Graph(v, [], []).names()
     vals = list(names.values())
     assert vals[:3] == ['a', 'b', 'c'] and 'ba' in vals and len(set(vals)) == 800
     assert not any(keyword.iskeyword(n) or n == 'np' for n in vals)

@@ -35,19 +35,19 @@ class Mutant(NamedTuple):
 M = Mutant
 MUTANTS = [
     # --- tensor: primitives, VJP rules, composites (nbs/02_tensor) ---
-    M('softmax-axis', "softmax normalises along the last axis whatever `axis` is asked", 'tensor',
+    M('softmax-axis', "softmax normalises along the last axis whatever `axis` is asked", 'ops',
       (("return e / sum(e, axis, keepdims=True)", "return e / sum(e, -1, keepdims=True)"),),
       ('tests/test_reference.py -k softmax', 'tests/test_oracle_layers.py -k softmax',
        'tests/test_oracle.py', 'tests/test_gradcheck.py', '{nb}')),
     M('softmax-no-max', "softmax without subtracting the row maximum (overflows for big logits)",
-      'tensor', ((("e = exp(x - stop_gradient(max(x, axis, keepdims=True)))",
+      'ops', ((("e = exp(x - stop_gradient(max(x, axis, keepdims=True)))",
                    "e = exp(x - _shift(x, normalize_axis(axis, x.ndim, 'softmax')))"),
                   "e = exp(x)"),),
       ('tests/test_numerics.py -k row_ops', 'tests/test_gradcheck.py', '{nb}')),
-    M('logsumexp-no-max', "log-sum-exp without the max shift", 'tensor',
+    M('logsumexp-no-max', "log-sum-exp without the max shift", 'ops',
       (("out = _log_sum_exp(x - m, axes) + m", "out = _log_sum_exp(x, axes)"),),
       ('tests/test_numerics.py -k row_ops', 'tests/test_gradcheck.py', '{nb}')),
-    M('gelu-constant', "tanh-GELU constant 0.044715 changed to 0.0447", 'tensor',
+    M('gelu-constant', "tanh-GELU constant 0.044715 changed to 0.0447", 'ops',
       (("_GELU_A = math.sqrt(2 / math.pi), 0.044715", "_GELU_A = math.sqrt(2 / math.pi), 0.0447"),),
       ('tests/test_reference.py -k unary', 'tests/test_numerics.py -k gelu', 'tests/test_oracle.py',
        '{nb}')),
@@ -65,7 +65,7 @@ MUTANTS = [
       (("_unbroadcast(negative(ct) * out / y, y)", "_unbroadcast(ct * out / y, y)"),),
       ('tests/test_gradcheck.py', 'tests/test_oracle.py', '{nb}')),
     M('scatter-add-overwrites', "gather VJP writes repeated indices once instead of summing them "
-      "(the `g[idx] += ct` numpy bug)", 'tensor',
+      "(the `g[idx] += ct` numpy bug)", 'ops',
       (("np.add.reduceat(u[order], starts, axis=0)", "u[order][starts]"),),
       ('tests/test_gradcheck.py', 'tests/test_nn.py', '{nb}')),
     # --- shape (nbs/01_shape) ---
@@ -80,7 +80,7 @@ MUTANTS = [
       ('tests/test_shape.py', 'tests/test_gradcheck.py', '{nb}')),
     # --- autograd (nbs/06_autograd) ---
     M('grad-cache-ignores-dtype', "compiled-gradient cache keyed on shapes only, not dtypes",
-      'autograd', (("tuple([(x.shape, x.dtype) for x in leaves])",
+      'graph', (("tuple([(x.shape, x.dtype) for x in leaves])",
                     "tuple([x.shape for x in leaves])"),),
       ('tests/test_transforms.py', 'tests/test_oracle_layers.py -k two_dtypes',
        'tests/test_gradcheck.py', '{nb}')),
@@ -104,12 +104,12 @@ MUTANTS = [
       ('tests/test_nn.py', 'tests/test_train.py', '{nb}')),
     # --- nn (nbs/09_nn) ---
     M('layernorm-eps-outside', "LayerNorm/RMSNorm add eps outside the square root", 'nn',
-      (("T.sqrt(T.mean(u * u, -1, keepdims=True) + eps / s / s)",
-        "(T.sqrt(T.mean(u * u, -1, keepdims=True)) + eps / s / s)"),),
+      (("T.sqrt(ops.mean(u * u, -1, keepdims=True) + eps / s / s)",
+        "(T.sqrt(ops.mean(u * u, -1, keepdims=True)) + eps / s / s)"),),
       ('tests/test_nn.py', 'tests/test_reference.py -k layer_norm', '{nb}')),
     M('rmsnorm-axis', "the norms take the mean square over every axis, not the feature axis", 'nn',
-      (("T.sqrt(T.mean(u * u, -1, keepdims=True) + eps / s / s)",
-        "T.sqrt(T.mean(u * u, None, keepdims=True) + eps / s / s)"),),
+      (("T.sqrt(ops.mean(u * u, -1, keepdims=True) + eps / s / s)",
+        "T.sqrt(ops.mean(u * u, None, keepdims=True) + eps / s / s)"),),
       ('tests/test_nn.py', 'tests/test_reference.py -k rms_norm', '{nb}')),
     M('dropout-not-rescaled', "inverted dropout forgets to scale the kept units by 1/(1 - rate)",
       'nn', (("T.where(keep, x * (1.0 / (1.0 - rate)), ", "T.where(keep, x, "),),

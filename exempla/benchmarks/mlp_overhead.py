@@ -12,11 +12,12 @@ import argparse, platform, os, timeit
 import numpy as np
 import gradus as gd
 from gradus import tensor as T
+from gradus import ops
 
 
 def loss(p, x, y):
     h = T.tanh(x @ p['w1'] + p['b1'])
-    return T.mean((h @ p['w2'] + p['b2'] - y) ** 2)
+    return ops.mean((h @ p['w2'] + p['b2'] - y) ** 2)
 
 
 def forward_np(p, x, y):
