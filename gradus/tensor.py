@@ -7,14 +7,12 @@ function is traced; the elementwise ops, `matmul`, reductions, `reshape`/`transp
 # %% auto #0
 __all__ = ['abs', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal', 'TENSOR_PRIMITIVES', 'Primitive',
            'TracerError', 'Tracer', 'tracer_method', 'add', 'subtract', 'multiply', 'divide', 'power', 'maximum',
-           'minimum', 'negative', 'exp', 'log', 'log1p', 'sin', 'cos', 'tanh', 'sqrt', 'absolute', 'erf', 'erfc',
-           'sign', 'isfinite', 'stop_gradient', 'where', 'matmul', 'sum', 'max', 'reshape', 'transpose', 'swapaxes',
-           'broadcast_to', 'cast']
+           'minimum', 'negative', 'exp', 'log', 'log1p', 'sin', 'cos', 'tanh', 'sqrt', 'absolute', 'sign', 'isfinite',
+           'stop_gradient', 'where', 'matmul', 'sum', 'max', 'reshape', 'transpose', 'swapaxes', 'broadcast_to', 'cast']
 
 # %% ../nbs/02_tensor.ipynb #dad81494
 import builtins, math
 import numpy as np
-import scipy.special
 from . import dtype as D
 from .dtype import DTypeError, result_type
 from .shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape,
@@ -234,13 +232,6 @@ def minimum(x, y):
     return _minimum_p.bind(*_promote(x, y))
 
 # %% ../nbs/02_tensor.ipynb #7c4a0e9c
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-def _erf_impl(x): return scipy.special.erf(x).astype(x.dtype, copy=False)
-def _erfc_impl(x): return scipy.special.erfc(x).astype(x.dtype, copy=False)
-def _erf_vjp(ct, out, x): return (multiply(ct, _TWO_OVER_SQRT_PI) * exp(negative(x * x)),)
-def _erfc_vjp(ct, out, x): return (multiply(ct, -_TWO_OVER_SQRT_PI) * exp(negative(x * x)),)
-
 def _unary(name, fn, vjp):
     "A one-operand primitive whose generated code is `np.<fn>(x)`."
     return Primitive(name, fn, _aval_unary, vjp, f'np.{fn.__name__}({{0}})')
@@ -254,8 +245,6 @@ _cos_p = _unary('cos', np.cos, lambda ct, out, x: (negative(ct) * sin(x),))
 _tanh_p = _unary('tanh', np.tanh, lambda ct, out, x: (ct * (1 - out * out),))
 _sqrt_p = _unary('sqrt', np.sqrt, lambda ct, out, x: (divide(multiply(ct, 0.5), out),))
 _abs_p = _unary('absolute', np.absolute, lambda ct, out, x: (ct * sign(x),))
-_erf_p = Primitive('erf', _erf_impl, _aval_unary, _erf_vjp)
-_erfc_p = Primitive('erfc', _erfc_impl, _aval_unary, _erfc_vjp)
 
 # %% ../nbs/02_tensor.ipynb #59991d41
 def negative(x):
@@ -286,12 +275,6 @@ def absolute(x):
     "Elementwise |x|; gradient `sign(x)`, which is 0 at 0 (see Conventions)."
     return _abs_p.bind(_promote(x)[0])
 abs = absolute
-def erf(x):
-    "The error function `2/√π ∫₀ˣ exp(-t²) dt`, elementwise (scipy.special.erf)."
-    return _erf_p.bind(_float_operand(x))
-def erfc(x):
-    "The complementary error function `1 − erf(x)`, elementwise, accurate where it is tiny (x ≫ 1)."
-    return _erfc_p.bind(_float_operand(x))
 
 # %% ../nbs/02_tensor.ipynb #3a400b5c
 def _compare(name, fn):
@@ -484,7 +467,7 @@ _UFUNCS = dict(add=add, subtract=subtract, multiply=multiply, true_divide=divide
 
 TENSOR_PRIMITIVES = [
     _add_p, _subtract_p, _multiply_p, _divide_p, _power_p, _maximum_p, _minimum_p, _negative_p,
-    _exp_p, _log_p, _log1p_p, _sin_p, _cos_p, _tanh_p, _sqrt_p, _abs_p, _erf_p, _erfc_p, _less_p,
+    _exp_p, _log_p, _log1p_p, _sin_p, _cos_p, _tanh_p, _sqrt_p, _abs_p, _less_p,
     _less_equal_p, _greater_p, _greater_equal_p, _equal_p, _not_equal_p, _sign_p, _isfinite_p,
     _stop_gradient_p, _where_p, _matmul_p, _sum_p, _max_p, _reshape_p, _transpose_p,
     _broadcast_to_p, _cast_p]

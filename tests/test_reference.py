@@ -17,7 +17,7 @@ POS = np.abs(X) + 0.1
 UNARY = [  # (gradus op, reference, input)
     (T.exp, np.exp, X), (T.log, np.log, POS), (T.log1p, np.log1p, POS), (T.sin, np.sin, X),
     (T.cos, np.cos, X), (T.tanh, np.tanh, X), (T.sqrt, np.sqrt, POS), (T.absolute, np.abs, X),
-    (T.erf, sp.erf, X), (T.sign, np.sign, X), (T.negative, np.negative, X),
+    (ops.erf, sp.erf, X), (T.sign, np.sign, X), (T.negative, np.negative, X),
     (ops.sigmoid, sp.expit, X), (ops.softplus, lambda x: np.logaddexp(0, x), X),
     (ops.relu, lambda x: np.maximum(x, 0), X),
     (lambda x: ops.gelu(x, approximate=False),
