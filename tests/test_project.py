@@ -74,15 +74,15 @@ def test_ruff_clean():
 # The module graph stated in nbs/index.ipynb, as a rank per module: a module may import only
 # modules of strictly lower rank, so every edge points down and no cycle can form. Part I is the
 # chain dtype -> shape -> tensor -> autograd -> loss/random -> nn/optim -> train; attention on nn,
-# gpt on attention. The numpy-only group (safetensors < quants < gguf < tokenizer) ranks below
+# gpt on attention. The numpy-only group (safetensors < quants < gguf < spm < tokenizer) ranks below
 # dtype: it may import its own lower members and nothing of the autograd stack. decode and models
 # join the two arcs. A new module gets its rank here, at its place in that order.
-RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'tokenizer': -2, 'spm': -1,
+RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'spm': -2, 'tokenizer': -1,
          'dtype': 0, 'pytree': 0, 'shape': 1, 'tensor': 2, 'ops': 3, 'graph': 4, 'autograd': 5,
          'loss': 6, 'random': 6, 'nn': 7, 'optim': 7, 'sampling': 7, 'train': 8, 'attention': 8,
          'gpt': 9, 'decode': 10, 'models': 11, 'shakespeare': 11, 'lowering': 11, 'engine': 12,
          'cli': 13, '__main__': 14}
-NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'tokenizer'}
+NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'spm', 'tokenizer'}
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
 
 

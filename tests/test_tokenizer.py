@@ -1,6 +1,6 @@
 """Tokenizer: char tokenizer, SmolLM2's byte-level BPE against the Hugging Face `tokenizers`
 package, and chat templates on a budget."""
-import contextlib, os, signal, sys, tracemalloc
+import contextlib, os, signal, sys, tracemalloc, unicodedata
 from pathlib import Path
 import numpy as np, pytest
 from gradus import gguf as G, tokenizer
@@ -203,10 +203,57 @@ def test_from_gguf_needs_an_admitted_file():
     with pytest.raises(TokenizerError, match='open_gguf'): tokenizer.from_gguf('model.gguf')
 
 def test_unsupported_models_refused():
-    class G: metadata = {'tokenizer.ggml.model': 'llama'}
-    with pytest.raises(TokenizerError, match="'llama'"): tokenizer.from_gguf(G())
+    class G: metadata = {'tokenizer.ggml.model': 'bert'}
+    with pytest.raises(TokenizerError, match="'bert' is not supported"): tokenizer.from_gguf(G())
     class H: metadata = {'tokenizer.ggml.model': 'gpt2', 'tokenizer.ggml.tokens': ['a'],
                          'tokenizer.ggml.merges': [],
                          'tokenizer.ggml.pre': 'mystery'}
-    with pytest.raises(TokenizerError, match="'mystery'"): tokenizer.from_gguf(H())
+    with pytest.raises(TokenizerError, match="pre-tokenizer 'mystery' is not supported"):
+        tokenizer.from_gguf(H())
     with pytest.raises(TokenizerError, match='merge #0'): tokenizer.BPETokenizer(['a'], ['abc'])
+
+# ---------- pre-tokenizers of other GGUF models, against the tokenizers package ----------
+# Each model's split expression as its tokenizer.json writes it (case-insensitive contractions,
+# Oniguruma's engine in the tokenizers package); gradus writes its own (llama.cpp's spelling).
+_GPT4_STYLE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|{digits}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+HF_SPLITS = {'llama-bpe': [_GPT4_STYLE.replace('{digits}', r'\p{N}{1,3}')],
+             'qwen2': [_GPT4_STYLE.replace('{digits}', r'\p{N}')],
+             'gpt2': [r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
+                      r"|\s+(?!\S)|\s+"]}
+HF_SPLITS['smollm'] = [r'\p{N}'] + HF_SPLITS['gpt2']
+
+def _hf_pieces(exprs, text):
+    from tokenizers import Regex, pre_tokenizers
+    seq = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(e), 'isolated') for e in exprs])
+    return [p for p, _ in seq.pre_tokenize_str(text)]
+
+EXTRA = ["'S 'T 'Re 'VE 'M 'LL 'D", "x'sy", "$var _name #tag", "12345678901", "a\r\n\r\nb",
+         "?!\n\n\nx", "  \n  x", "\t\tx", "end.   ", "١٢٣٤ ௧௨௩", "Ⅻ½x²"]
+
+def rare_lines(n, seed=5):
+    """Characters drawn from all planes, kept where Unicode 14 (Python's unicodedata) assigns them:
+    the `regex` module and the tokenizers package's Oniguruma follow different, newer Unicode
+    versions, which classify characters added since differently (U+0C5C: a letter, or not)."""
+    rng = np.random.default_rng(seed)
+    draw = lambda: chr(int(rng.choice([rng.integers(0x20, 0x3000), rng.integers(0x3000, 0x30000)])))
+    chars = lambda k: [c for c in (draw() for _ in range(k))
+                       if unicodedata.category(c) not in ('Cn', 'Cs')]
+    line = lambda k: ''.join(c + (' ' if rng.random() < 0.3 else '') for c in chars(k))
+    return [line(int(rng.integers(1, 25))) for _ in range(n)]
+
+@pytest.mark.parametrize('pre', ['llama-bpe', 'qwen2', 'gpt2', 'smollm'])
+def test_pre_tokenizers_equal_tokenizers_package(pre, shakespeare):
+    lines = (varied_lines(2000, seed=3) + rare_lines(500) + EXTRA
+             + shakespeare[:20000].splitlines())
+    exprs = tokenizer.PRE_TOKENIZERS[pre]
+    for line in lines:
+        assert tokenizer.pre_tokenize(line, exprs) == _hf_pieces(HF_SPLITS[pre], line), repr(line)
+
+def test_pre_tokenizer_aliases_and_differences():
+    P = tokenizer.PRE_TOKENIZERS
+    assert P['llama3'] == P['llama-v3'] == P['llama-bpe'] and P['stablelm2'] == P['qwen2']
+    cut = lambda pre, s: tokenizer.pre_tokenize(s, P[pre])
+    assert cut('llama-bpe', '12345') == ['123', '45'] and cut('qwen2', '123') == ['1', '2', '3']
+    assert cut('gpt2', '12345') == ['12345'] and cut('llama-bpe', "HE'LL") == ['HE', "'LL"]
+    assert cut('llama-bpe', '$x') == ['$x'] and cut('gpt2', '$x') == ['$', 'x']
