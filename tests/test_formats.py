@@ -85,23 +85,106 @@ def test_quantize_equals_gguf(t):
     ours = Q.quantize(x, t)
     assert np.array_equal(ours, gguf.quants.quantize(x, GQ(int(t))))
 
-@pytest.mark.parametrize('t', Q.MATVEC_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize('shape', [(1, 32), (7, 64), (300, 576)])
-def test_qmatvec_matches_dequantize_then_matmul(t, shape):
-    rng = np.random.default_rng(shape[0])
-    n_out, n_in = shape
-    blocks = finite_blocks(t, n_out * n_in // 32, 3).reshape(n_out, -1)
-    x = rng.standard_normal(n_in).astype(np.float32)
-    W = Q.dequantize_ref(blocks, t).reshape(n_out, n_in).astype(np.float64)
+# ---------- quantized mat-vec ----------
+U = 2.0 ** -24                                     # float32 unit roundoff
+MIN_AT = {GGMLType.Q4_1: 2, GGMLType.Q5_1: 2, GGMLType.Q4_K: 2}     # byte offset of m / dmin
+QUANT_AT = {GGMLType.Q8_0: 2, GGMLType.Q4_0: 2, GGMLType.Q4_1: 4, GGMLType.Q5_0: 6,
+            GGMLType.Q5_1: 8, GGMLType.Q4_K: 16, GGMLType.Q6_K: 0}  # a byte of codes
+
+def gguf_rows(blocks, t):
+    "gguf-py's decoding of `blocks` (n_out, row bytes) as float64 (n_out, n_in)."
+    W = gguf.quants.dequantize(blocks.reshape(-1, BLOCK[t][1]), GQ(int(t)))
+    return W.astype(np.float64).reshape(blocks.shape[0], -1)
+
+def matvec_bound(blocks, t, x):
+    """qmatvec's stated tolerance (n_in/32 + 48)·2⁻²⁴·(M @ |x|): M = |W|, or for the formats
+    with a min |W with the min zeroed| + |W with the scale zeroed| (16_quants, 'Proof')."""
+    if t not in MIN_AT: M = np.abs(gguf_rows(blocks, t))
+    else:
+        M = 0
+        for o in (MIN_AT[t], 0):
+            z = blocks.reshape(-1, BLOCK[t][1]).copy(); z[:, o:o + 2] = 0
+            M = M + np.abs(gguf_rows(z, t).reshape(blocks.shape[0], -1))
+    return (M.shape[1] / 32 + 48) * U * (np.abs(x).astype(np.float64) @ M.T)
+
+def check_qmatvec(blocks, t, x):
+    "qmatvec against gguf-py's decoding then a float64 matmul, within the stated bound."
     y = Q.qmatvec(blocks, t, x)
-    assert y.dtype == np.float32 and y.shape == (n_out,)
-    assert np.all(np.abs(y - W @ x) <= 1e-5 * (np.abs(W) @ np.abs(x)) + 1e-30)
+    assert y.dtype == np.float32 and y.shape == x.shape[:-1] + (blocks.shape[0],)
+    err = np.abs(y - x.astype(np.float64) @ gguf_rows(blocks, t).T)
+    assert np.all(err <= matvec_bound(blocks, t, x)), t.name
+    return y
+
+@pytest.mark.parametrize('t', Q.MATVEC_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('n_out, n_blocks', [(1, 1), (7, 2), (300, 8)])
+def test_qmatvec_matches_dequantize_then_matmul(t, n_out, n_blocks):
+    rng = np.random.default_rng(n_out)
+    blocks = finite_blocks(t, n_out * n_blocks, 3).reshape(n_out, -1)
+    X = rng.standard_normal((3, n_blocks * BLOCK[t][0])).astype(np.float32)
+    Y = check_qmatvec(blocks, t, X)                                    # a batch of 3
+    for i in range(3):                                                 # == one at a time, bitwise
+        assert np.array_equal(check_qmatvec(blocks, t, X[i]), Y[i])
+
+@pytest.mark.parametrize('t', Q.MATVEC_TYPES, ids=lambda t: t.name)
+def test_qmatvec_extreme_scales(t):
+    """Every float16 field drawn from ±65504 (largest), 2⁻²⁴ (smallest subnormal), 2⁻¹⁴, 0, ±1;
+    inputs spread over six decades."""
+    rng = np.random.default_rng(int(t))
+    extreme = np.array([65504, -65504, 2.0 ** -24, 2.0 ** -14, 0, 1, -1], np.float16)
+    n_out, n_in = 40, 2048
+    b = rng.integers(0, 256, (n_out * n_in // BLOCK[t][0], BLOCK[t][1]), dtype=np.uint8)
+    for o in F16_FIELDS.get(t, [0]):
+        b[:, o:o + 2] = rng.choice(extreme, len(b)).view(np.uint8).reshape(-1, 2)
+    x = (rng.standard_normal((2, n_in)) * 10.0 ** rng.uniform(-3, 3, n_in)).astype(np.float32)
+    check_qmatvec(b.reshape(n_out, -1), t, x)
+
+@pytest.mark.parametrize('t', Q.MATVEC_TYPES, ids=lambda t: t.name)
+def test_qmatvec_bound_catches_one_wrong_code(t):
+    """The tolerance is tight enough to catch one code off by 8 steps: weight 0 of each row (its
+    code byte flipped at bit 3), with every scale 0.5 (K-quant sub-block scales 40) and x[0] = 4."""
+    rng = np.random.default_rng(1)
+    blocks = finite_blocks(t, 4 * 2048 // BLOCK[t][0], 9)
+    for o in F16_FIELDS.get(t, [0]):
+        blocks[:, o:o + 2] = np.array([0.5], np.float16).view(np.uint8)
+    if t == GGMLType.Q4_K: blocks[:, 4] = 40                          # sc_0 (6 bits)
+    if t == GGMLType.Q6_K: blocks[:, 192] = 40                        # int8 scale of weights 0-15
+    blocks = blocks.reshape(4, -1)                                    # (4 rows, 2048 weights)
+    x = rng.standard_normal(2048).astype(np.float32); x[0] = 4
+    wrong = blocks.copy(); wrong[:, QUANT_AT[t]] ^= 8
+    err = np.abs(Q.qmatvec(wrong, t, x) - x.astype(np.float64) @ gguf_rows(blocks, t).T)
+    assert np.all(err > matvec_bound(blocks, t, x))
+    check_qmatvec(blocks, t, x)                                       # while the right codes pass
 
 def test_qmatvec_errors():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r'blocks \(2, 34\) of Q8_0 do not match x \(64,\)'):
         Q.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
-    with pytest.raises(FormatError):
-        Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros(256, np.float32))
+    with pytest.raises(ValueError, match=r'do not match x \(1, 1, 256\)'):
+        Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros((1, 1, 256), np.float32))
+    with pytest.raises(ValueError, match='Q4_K do not match'):      # 256 weights a super-block
+        Q.qmatvec(np.zeros((2, 144), np.uint8), GGMLType.Q4_K, np.zeros(128, np.float32))
+    with pytest.raises(FormatError, match=r"\['Q8_0', .*'Q6_K'\], not Q2_K$"):
+        Q.qmatvec(np.zeros((2, 84), np.uint8), GGMLType.Q2_K, np.zeros(256, np.float32))
+
+@pytest.fixture(scope='module')
+def gemma3_gguf():
+    try: return G.gemma3_path()
+    except FileNotFoundError as e:
+        pytest.skip(f"Gemma 3 GGUF absent (install the gemma extra): {e}")
+
+def test_qmatvec_gemma3_rows(gemma3_gguf):
+    """Every quantized matrix of Gemma 3 270M's first and last blocks (Q5_0, Q8_0, Q4_K, Q6_K) and
+    the first 2,048 rows of the tied Q8_0 embedding / output head, one vector and a batch of 4."""
+    g = G.open_gguf(gemma3_gguf)
+    names = [n for n, i in g.tensors.items() if len(i.shape) == 2 and i.type != GGMLType.F32
+             and n.startswith(('blk.0.', 'blk.17.'))]
+    assert {g.tensors[n].type for n in names} == {GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K,
+                                                  GGMLType.Q6_K}
+    rng = np.random.default_rng(2)
+    for name in names + ['token_embd.weight']:
+        info = g.tensors[name]
+        b = g.raw(name, (0, min(info.shape[0], 2048)))
+        X = rng.standard_normal((4, info.shape[1])).astype(np.float32)
+        check_qmatvec(b, info.type, X); check_qmatvec(b, info.type, X[0])
 
 # ---------- GGUF admission ----------
 ALL_SPECS = [(f't_{t.name}', [2 * BLOCK[t][0] * (1 if BLOCK[t][0] > 1 else 16), 3], int(t),
