@@ -11,11 +11,14 @@ __all__ = ['causal_mask', 'scaled_dot_product_attention', 'rope_angles', 'apply_
 # %% ../nbs/12_attention.ipynb #f0e2caa2
 import math
 import numpy as np
+from numba import njit
 from . import dtype as D
 from . import tensor as T
 from . import ops
 from . import nn
+from . import kernels
 from .shape import ShapeError
+from .tensor import Primitive, _aval_unary
 from . import random
 
 # %% ../nbs/12_attention.ipynb #f22d2273
@@ -37,22 +40,102 @@ def causal_mask(t_q, t_k=None, offset=None, window=None):
     m = kpos <= qpos                                 # (t_q, t_k)
     return m if window is None else m & (qpos - kpos < window)
 
+# %% ../nbs/12_attention.ipynb #attk2kern
+@njit(cache=True)
+def _causal_softmax_kernel(s, scale, offset, out):
+    """`out[b, i] = softmax(scale · s[b, i, :offset + i + 1])`, zeros after: the causal rows of the
+    scores `s` `(n, t_q, t_k)`, `offset = t_k − t_q ≥ 0` (bottom-right), one row at a time."""
+    n, tq, tk = s.shape
+    for b in range(n):
+        for i in range(tq):
+            last = min(i + offset + 1, tk)                  # keys 0 … last − 1 are visible
+            m = s[b, i, 0] * scale
+            for j in range(1, last): m = max(m, s[b, i, j] * scale)
+            total = 0.0
+            for j in range(last):
+                e = np.exp(s[b, i, j] * scale - m)
+                out[b, i, j] = e
+                total += e
+            inv = 1.0 / total
+            for j in range(last): out[b, i, j] *= inv
+            for j in range(last, tk): out[b, i, j] = 0
+    return out
+
+@njit(cache=True)
+def _causal_softmax_vjp_kernel(g, p, scale, offset, out):
+    "The scores' cotangent `scale · p · (g − Σ_j g p)` on each causal row of `p`, zeros after."
+    n, tq, tk = p.shape
+    for b in range(n):
+        for i in range(tq):
+            last = min(i + offset + 1, tk)
+            dot = 0.0
+            for j in range(last): dot += g[b, i, j] * p[b, i, j]
+            for j in range(last): out[b, i, j] = scale * p[b, i, j] * (g[b, i, j] - dot)
+            for j in range(last, tk): out[b, i, j] = 0
+    return out
+
+# %% ../nbs/12_attention.ipynb #attk3prim
+def _mats(x): return np.ascontiguousarray(x).reshape((-1,) + tuple(x.shape[-2:]))  # (n, t_q, t_k)
+
+def _causal_softmax_impl(s, scale):
+    out = np.empty(s.shape, s.dtype)
+    off = s.shape[-1] - s.shape[-2]
+    _causal_softmax_kernel(_mats(s), s.dtype.type(scale), off, out.reshape(_mats(s).shape))
+    return out
+
+def _causal_softmax_vjp_impl(g, p, scale):
+    out = np.empty(p.shape, p.dtype)
+    off = p.shape[-1] - p.shape[-2]
+    _causal_softmax_vjp_kernel(_mats(g), _mats(p), p.dtype.type(scale), off,
+                               out.reshape(_mats(p).shape))
+    return out
+
+def _causal_softmax_reference(s, scale):
+    "The general path: scores scaled, masked to the dtype's lowest number, softmax."
+    mask = causal_mask(s.shape[-2], s.shape[-1])                     # (t_q, t_k)
+    low = np.asarray(D.finfo(s.dtype).min, s.dtype)
+    return ops.softmax(T.where(mask, s * scale, low), axis=-1)
+
+def _causal_softmax_vjp_reference(g, p, scale):
+    "`scale · p · (g − Σ g p)` on the visible keys, zeros after (whatever `p` holds there)."
+    mask, zero = causal_mask(p.shape[-2], p.shape[-1]), np.zeros((), p.dtype)
+    p = T.where(mask, p, zero)
+    return T.where(mask, p * (g - T.sum(g * p, axis=-1, keepdims=True)) * scale, zero)
+
+_causal_softmax_vjp_p = Primitive('causal_softmax_vjp', _causal_softmax_vjp_impl,
+                                  lambda g, p, **_: (tuple(p.shape), p.dtype),
+                                  kernels.reference_vjp(_causal_softmax_vjp_reference))
+_causal_softmax_p = Primitive('causal_softmax', _causal_softmax_impl, _aval_unary,
+                              lambda ct, out, s, scale:
+                              (_causal_softmax_vjp_p.bind(ct, out, scale=scale),))
+
+def _is_causal(mask, t_q, t_k):
+    "Whether `mask` is a concrete array equal to `causal_mask(t_q, t_k)` (`t_q ≤ t_k`)."
+    return (isinstance(mask, np.ndarray) and mask.shape == (t_q, t_k) and t_q <= t_k
+            and bool(np.array_equal(mask, causal_mask(t_q, t_k))))
+
 # %% ../nbs/12_attention.ipynb #9695eb62
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None, return_weights=False):
     """`softmax(q kᵀ · scale, masked) v` (Vaswani et al. 2017). `q`: `(..., t_q, d)`, `k`:
     `(..., t_k, d)`, `v`: `(..., t_k, d_v)`, batch axes broadcast; `mask`: bool, broadcastable to
     `(..., t_q, t_k)`, True = attend; `scale` defaults to `1/√d`. Returns `(..., t_q, d_v)` (and
     the weights `(..., t_q, t_k)` if `return_weights`). Raises `ShapeError` when the feature sizes
-    disagree."""
+    disagree. A float32/float64 causal mask runs the causal softmax kernel."""
     d = q.shape[-1]
     if k.shape[-1] != d: raise ShapeError(f"attention: query size {d} vs key size {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ShapeError(f"attention: {k.shape[-2]} keys vs {v.shape[-2]} values")
     kT = T.swapaxes(k, -1, -2)                                       # (..., d, t_k)
-    scores = (q @ kT) * (1.0 / math.sqrt(d) if scale is None else float(scale))  # (..., t_q, t_k)
-    if mask is not None:
-        scores = T.where(mask, scores, np.asarray(D.finfo(scores.dtype).min, scores.dtype))
-    w = ops.softmax(scores, axis=-1)                          # (..., t_q, t_k), each row sums to 1
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    raw = q @ kT                                                     # (..., t_q, t_k)
+    if (kernels.enabled() and raw.dtype in (D.float32, D.float64)
+            and _is_causal(mask, q.shape[-2], k.shape[-2])):
+        w = _causal_softmax_p.bind(raw, scale=scale)                 # (..., t_q, t_k)
+    else:
+        scores = raw * scale
+        if mask is not None:
+            scores = T.where(mask, scores, np.asarray(D.finfo(scores.dtype).min, scores.dtype))
+        w = ops.softmax(scores, axis=-1)                      # (..., t_q, t_k), each row sums to 1
     out = w @ v                                                      # (..., t_q, d_v)
     return (out, w) if return_weights else out
 

@@ -16,8 +16,9 @@ from .shape import ShapeError
 from .tensor import Tracer, Primitive
 from .pytree import (TreeDef, tree_flatten, tree_unflatten, tree_leaves, tree_map,
                            tree_flatten_with_path)
-from .graph import (Var, Graph, dce, compile_graph, jit, _trace_flat, _avals, _as_leaf,
-                          _Transformed, _run)
+from .graph import (Var, Graph, dce, jit, _trace_flat, _avals, _as_leaf,
+                          _Transformed, _run, _compile)
+from . import fuse as _fuse  # noqa: F401  (installs the fusion pass in graph's compiler)
 
 # %% ../nbs/06_autograd.ipynb #a0d1e014
 def _active(eqns, ins, diff):
@@ -101,14 +102,15 @@ def _scalar_loss(out_leaves, has_aux, f):
     return loss, dt
 
 # %% ../nbs/06_autograd.ipynb #dd4f6b5b
-def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
+def value_and_grad(f, argnums=0, has_aux=False, static_argnums=(), fuse=None):
     """Transform `f(*args) -> scalar` into `g(*args) -> (value, grads)`. With `has_aux`, `f` returns
     `(value, aux)` and `g` returns `((value, aux), grads)`. `grads` matches `args[argnums]` (a tuple
     of them when `argnums` is a tuple or list; negative positions count from the end) leaf for leaf,
     in shape and dtype. `static_argnums` and keyword arguments are passed as Python values and
     become part of the cache key. Raises `ShapeError` for a non-scalar loss, `DTypeError` for a
-    non-float loss or an integer/bool leaf among the differentiated arguments. Reverse-mode AD as in
-    Griewank & Walther, *Evaluating Derivatives* (2008)."""
+    non-float loss or an integer/bool leaf among the differentiated arguments. `fuse`: run the
+    fusion pass of `gradus.fuse` on the joint graph (None: unless `GRADUS_FUSE=0`). Reverse-mode AD
+    as in Griewank & Walther, *Evaluating Derivatives* (2008)."""
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     if len(set(nums)) != len(nums): raise ValueError(f"grad: repeated argnums {argnums}")
@@ -127,12 +129,12 @@ def value_and_grad(f, argnums=0, has_aux=False, static_argnums=()):
             grads = grads[0] if isinstance(argnums, int) else grads
             return tree_unflatten(out_td, outs[:n_out]), grads
         return dce(graph), post, captured
-    return _Transformed(f, 'value_and_grad', build, static)
+    return _Transformed(f, 'value_and_grad', build, static, fuse)
 
-def grad(f, argnums=0, has_aux=False, static_argnums=()):
+def grad(f, argnums=0, has_aux=False, static_argnums=(), fuse=None):
     """Transform `f(*args) -> scalar` into `g(*args) -> grads` (see `value_and_grad`); with
     `has_aux`, `g` returns `(grads, aux)`."""
-    vg = value_and_grad(f, argnums, has_aux, static_argnums)
+    vg = value_and_grad(f, argnums, has_aux, static_argnums, fuse)
     def g(*args, **kwargs):
         value, grads = vg(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads
@@ -209,8 +211,8 @@ class _VJPEntry:
         known = [True] * len(avals) + [False] * self.n_ct + [True] * len(captured)
         self.fwd, self.bwd, _ = partial_eval(dce(graph), known)
         self.out_avals = [(o.shape, o.dtype) for o in graph.outs[:self.n_out]]
-        self.fwd_c = None if captured else compile_graph(self.fwd, 'vjp_fwd')
-        self.bwd_c = None if captured else compile_graph(self.bwd, 'vjp_bwd')
+        self.fwd_c = None if captured else _compile(self.fwd, 'vjp_fwd')
+        self.bwd_c = None if captured else _compile(self.bwd, 'vjp_bwd')
     @property
     def source(self):
         if self.fwd_c: return f"{self.fwd_c.source}\n\n{self.bwd_c.source}"

@@ -96,6 +96,27 @@ def _gelu_grad(x):
 
 RULES.update(gelu_tanh=_gelu_tanh, gelu_grad=_gelu_grad)
 
+# %% ../nbs/23_lowering.ipynb #lowk1rules
+def _norm_rows(x, eps, center):
+    "`nn`'s row normalisation (rows scaled by their largest magnitude before squaring, as there)."
+    d = x - jnp.mean(x, -1, keepdims=True) if center else x
+    s = lax.stop_gradient(jnp.maximum(jnp.max(jnp.abs(d), -1, keepdims=True), 1.0))
+    return d / s * lax.rsqrt(jnp.mean((d / s) ** 2, -1, keepdims=True) + eps / s / s)
+
+def _causal(p):  # the keep mask of scores (..., t_q, t_k), bottom-right as attention.causal_mask
+    return jnp.arange(p.shape[-1]) <= jnp.arange(p.shape[-2])[:, None] + p.shape[-1] - p.shape[-2]
+
+def _causal_softmax_vjp(g, p, scale):
+    p = jnp.where(_causal(p), p, 0)
+    return jnp.where(_causal(p), p * (g - jnp.sum(g * p, -1, keepdims=True)) * scale, 0)
+
+RULES.update(  # the hand-written kernels of nn and attention, by their definitions
+    norm_rows=_norm_rows, causal_softmax_vjp=_causal_softmax_vjp,
+    norm_rows_vjp=lambda g, x, eps, center:
+        jax.vjp(lambda y: _norm_rows(y, eps, center), x)[1](g)[0],
+    causal_softmax=lambda s, scale: jax.nn.softmax(
+        jnp.where(_causal(s), s * scale, jnp.finfo(s.dtype).min), axis=-1))
+
 # %% ../nbs/23_lowering.ipynb #3ee5384f
 class LoweringError(TypeError):
     "A graph JAX cannot run as gradus does: no rule, float64 without x64, a shape/dtype mismatch."

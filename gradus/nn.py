@@ -11,11 +11,15 @@ __all__ = ['relu', 'gelu', 'tanh', 'sigmoid', 'normal', 'uniform', 'glorot_unifo
 # %% ../nbs/09_nn.ipynb #cab19aa2
 import math
 import numpy as np
+from numba import njit
 from . import tensor as T
 from . import ops
 from . import dtype as D
+from . import kernels
+from .autograd import vjp
 from .dtype import DTypeError
 from .shape import ShapeError
+from .tensor import Primitive, _aval_unary
 from . import random
 
 # %% ../nbs/09_nn.ipynb #1119a6e8
@@ -122,12 +126,92 @@ def _normalise(d, eps):
     u = d / s
     return u / T.sqrt(ops.mean(u * u, -1, keepdims=True) + eps / s / s)   # eps/s², no s² overflow
 
+def _norm_reference(x, eps, center):
+    "Rows of `x` normalised: LayerNorm's without scale and shift (`center`), else RMSNorm's."
+    return _normalise(x - ops.mean(x, -1, keepdims=True) if center else x, eps)
+
+# %% ../nbs/09_nn.ipynb #nnk2kern
+_FAST = {'reassoc', 'contract'}    # LLVM may vectorise the row sums; nothing assumed about inf/NaN
+
+@njit(cache=True, fastmath=_FAST)
+def _row_stats(x, i, center, eps):
+    """Mean of row `i` of `x` `(n, d)` (0 unless `center`) and `r = 1/√(mean((x − mean)²) + eps)`,
+    in float64, the row divided by `s = max(max|x − mean|, 1)` before squaring (`_normalise`)."""
+    d = x.shape[1]
+    mu = 0.0
+    if center:
+        for j in range(d): mu += x[i, j]
+        mu /= d
+    s = 1.0
+    for j in range(d): s = max(s, abs(x[i, j] - mu))
+    ss = 0.0
+    for j in range(d):
+        u = (x[i, j] - mu) / s
+        ss += u * u
+    return mu, 1.0 / (s * np.sqrt(ss / d + eps / s / s))
+
+@njit(cache=True, fastmath=_FAST)
+def _norm_rows_kernel(x, eps, center, out):
+    "`out[i] = (x[i] − mean) · r` for each row (one read for the statistics, one to write)."
+    for i in range(x.shape[0]):
+        mu, r = _row_stats(x, i, center, eps)
+        for j in range(x.shape[1]): out[i, j] = (x[i, j] - mu) * r
+    return out
+
+@njit(cache=True, fastmath=_FAST)
+def _norm_rows_vjp_kernel(g, x, eps, center, out):
+    """The cotangent of the rows of `x` for the output cotangent `g`, statistics recomputed:
+    `r · (g − mean(g) − y · mean(g y))`, `y = (x − mean) · r` (no `mean(g)` without `center`)."""
+    n, d = x.shape
+    for i in range(n):
+        mu, r = _row_stats(x, i, center, eps)
+        gm, gy = 0.0, 0.0
+        for j in range(d):
+            gm += g[i, j]
+            gy += g[i, j] * (x[i, j] - mu)
+        gm = gm / d if center else 0.0
+        gy *= r * r / d                                    # mean(g y) · r, per unit of (x − mean)
+        for j in range(d): out[i, j] = r * (g[i, j] - gm - (x[i, j] - mu) * gy)
+    return out
+
+# %% ../nbs/09_nn.ipynb #nnk3prim
+def _rows(x): return np.ascontiguousarray(x).reshape(-1, x.shape[-1])     # (..., d) -> (n, d)
+
+def _norm_rows_impl(x, eps, center):
+    out = np.empty(x.shape, x.dtype)
+    _norm_rows_kernel(_rows(x), eps, center, out.reshape(-1, x.shape[-1]))
+    return out
+
+def _norm_rows_vjp_impl(g, x, eps, center):
+    out = np.empty(x.shape, x.dtype)
+    _norm_rows_vjp_kernel(_rows(g), _rows(x), eps, center, out.reshape(-1, x.shape[-1]))
+    return out
+
+def _norm_vjp_reference(g, x, eps, center):
+    "The reference of the backward kernel: `_norm_reference`'s VJP at `x`, cotangent `g`."
+    return vjp(lambda x: _norm_reference(x, eps, center), x)[1](g)[0]
+
+_norm_rows_vjp_p = Primitive('norm_rows_vjp', _norm_rows_vjp_impl,
+                             lambda g, x, **_: (tuple(x.shape), x.dtype),
+                             kernels.reference_vjp(_norm_vjp_reference))
+_norm_rows_p = Primitive('norm_rows', _norm_rows_impl, _aval_unary,
+                         lambda ct, out, x, eps, center:
+                         (_norm_rows_vjp_p.bind(ct, x, eps=eps, center=center),))
+
+def _norm_rows(x, eps, center):
+    """Rows of `x` normalised: the numba kernels for float32/float64 (unless `kernels.disabled()`),
+    the composite `_norm_reference` for other dtypes and empty arrays."""
+    if kernels.enabled() and x.dtype in (D.float32, D.float64) and x.size:
+        return _norm_rows_p.bind(x, eps=float(eps), center=bool(center))
+    return _norm_reference(x, eps, center)
+
+# %% ../nbs/09_nn.ipynb #nnk5layers
 def layer_norm(params, x, eps=1e-5):
     """Layer normalisation (Ba et al. 2016) over the last axis of `x` (`(..., dim)`, float): zero
     mean and unit variance per row (biased variance), then `· scale + bias`. Finite value and
-    gradient for constant rows, and full relative accuracy for rows up to 1e30 in float32."""
-    d = x - ops.mean(x, -1, keepdims=True)
-    y = _normalise(d, eps) * params['scale']
+    gradient for constant rows, and full relative accuracy for rows up to 1e30 in float32. float32
+    and float64 run the fused kernels of `_norm_rows`."""
+    y = _norm_rows(x, eps, True) * params['scale']
     return y + params['bias'] if 'bias' in params else y
 
 def rms_norm_init(dim, dtype=np.float32):
@@ -138,7 +222,7 @@ def rms_norm(params, x, eps=1e-6):
     """Root-mean-square normalisation (Zhang & Sennrich 2019) over the last axis of `x` (`(...,
     dim)`, float): `x / √(mean(x²) + eps) · scale`. Finite value and gradient for zero rows, and
     full relative accuracy for rows up to 1e30 in float32."""
-    return _normalise(x, eps) * params['scale']
+    return _norm_rows(x, eps, False) * params['scale']
 
 # %% ../nbs/09_nn.ipynb #d6bd712d
 def dropout(key, x, rate, training):

@@ -12,6 +12,7 @@ jax = pytest.importorskip('jax', reason='jax is not installed (the extra: pip in
 import jax.numpy as jnp  # noqa: E402
 import gradus as gd  # noqa: E402
 from gradus import tensor as T, lowering as LW, nn, optim, gpt, random as R  # noqa: E402
+from gradus import attention as A  # noqa: E402
 from gradus import ops
 from gradus import loss as L  # noqa: E402
 from gradus.autograd import custom_vjp  # noqa: E402
@@ -81,7 +82,16 @@ CASES = [
     ('gelu_tanh', ops.gelu, (f32(6),)),
     ('gelu_grad', gd.grad(lambda a: T.sum(ops.gelu(a))), (f32(6),)),
     ('custom_vjp_call', gd.grad(lambda a: T.sum(_clipped_identity(a) * a)), (f32(6),)),
+    # the hand-written kernels of nn and attention (they live in their layers, not ops.PRIMITIVES)
+    ('norm_rows', lambda a: nn.layer_norm({'scale': fl32(1, 2, 3, 4)}, a), (f32(3, 4),)),
+    ('norm_rows_vjp', gd.grad(lambda a: T.sum(nn.rms_norm({'scale': fl32(1, 2, 3, 4)}, a) * a)),
+     (f32(3, 4),)),
+    ('causal_softmax', lambda q, k: A.scaled_dot_product_attention(q, k, k, A.causal_mask(3, 5)),
+     (f32(2, 3, 4), f32(2, 5, 4))),
+    ('causal_softmax_vjp', gd.grad(lambda q: T.sum(A.scaled_dot_product_attention(
+        q, q, q, A.causal_mask(4)) ** 2)), (f32(2, 4, 3),)),
 ]
+KERNEL_PRIMITIVES = {'norm_rows', 'norm_rows_vjp', 'causal_softmax', 'causal_softmax_vjp'}
 IDS = [f"{n}-{i}" for i, (n, _, _) in enumerate(CASES)]
 
 
@@ -104,6 +114,7 @@ def test_every_primitive_has_a_rule_or_a_reason():
     from gradus.autograd import _custom_vjp_call_p
     names = {p.name for p in ops.PRIMITIVES} | {_custom_vjp_call_p.name, 'random_split',
                                                'random_fold_in', 'random_uniform'}
+    names |= KERNEL_PRIMITIVES
     known = set(LW.RULES) | set(LW.NO_RULE)
     assert names == known, names ^ known
     assert not set(LW.RULES) & set(LW.NO_RULE)

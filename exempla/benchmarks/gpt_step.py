@@ -2,12 +2,18 @@
 
 Same model (nanoGPT's CPU Shakespeare-char configuration: block 64, batch 12, 4 layers, 4 heads,
 width 128, vocabulary 65, tied head), same optimizer settings, same thread count, measured in one
-run. PyTorch is used only when it is importable (it is not a gradus dependency). Prints both medians
-and their ratio.
+run. PyTorch is used only when it is importable (it is not a gradus dependency). Both sides run in
+alternation at each thread count (`gradus.kernels.set_threads` for gradus's BLAS and numba pools,
+`torch.set_num_threads` for PyTorch); prints the medians and their ratios, the machine load before
+and after, and gradus under `kernels.ThreadTuner`, which picks the count as it goes. `--busy K`
+starts K spinning processes first (a neighbour holding a core); `--plain` adds gradus without its
+hand-written kernels (`gradus.kernels.disabled()`) as a third side; `--no-kernels` runs gradus
+without them only.
 
-Run: python exempla/benchmarks/gpt_step.py [--threads N] [--steps 30]
+Run: python exempla/benchmarks/gpt_step.py [--threads 1 2] [--rounds 20] [--busy K] [--plain]
+     [--no-kernels]
 """
-import argparse, os, platform, time
+import argparse, contextlib, os, platform, time
 import numpy as np
 
 
@@ -77,38 +83,100 @@ def torch_step_fn(cfg, seed=0):
     return step
 
 
-def median_ms(step, batches, warmup=3):
-    for x, y in batches[:warmup]: step(x, y)
-    ts = []
-    for x, y in batches[warmup:]:
-        t0 = time.perf_counter(); step(x, y); ts.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(ts))
+def busy_loops(n):
+    "Start `n` processes that spin forever (a neighbour holding a core); the caller ends them."
+    import subprocess, sys
+    return [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(n)]
+
+
+def alternate(sides, batches, threads, warmup=3):
+    """Median ms of each `(name, step)` in `sides` at each count in `threads`: every round runs each
+    side once at each count, in turn, so that a change of machine load falls on all of them; the
+    order rotates every round, so that no side always follows PyTorch (whose OpenMP threads spin
+    for a while after each parallel region)."""
+    from gradus import kernels
+    times = {(name, n): [] for name, _ in sides for n in threads}
+    for r, (x, y) in enumerate(batches):
+        for n in threads:
+            k = r % len(sides)
+            for name, step in sides[k:] + sides[:k]:
+                kernels.set_threads(n)
+                if name == 'torch':
+                    import torch
+                    torch.set_num_threads(n)
+                t0, c0 = time.perf_counter(), time.process_time()
+                step(x, y)
+                if r >= warmup:
+                    times[name, n].append((time.perf_counter() - t0, time.process_time() - c0))
+    return {k: 1000 * np.median(v, axis=0) for k, v in times.items()}   # (wall, cpu) ms
+
+
+def tuned(step, batches, max_threads, warmup=3):
+    "Median ms of `step` run by `kernels.ThreadTuner`, and how many steps ran at each count."
+    from gradus import kernels
+    tuner = kernels.ThreadTuner(max_threads, period=10)
+    for x, y in batches: tuner(step, x, y)
+    ts = [dt for _, dt in tuner.history[warmup:]]
+    counts = {n: sum(1 for k, _ in tuner.history if k == n) for n in range(1, max_threads + 1)}
+    return 1000 * float(np.median(ts)), counts
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--threads', type=int, default=os.cpu_count())
-    ap.add_argument('--steps', type=int, default=30)
+    ap.add_argument('--threads', type=int, nargs='+', default=[1, 2])
+    ap.add_argument('--rounds', type=int, default=20)
+    ap.add_argument('--busy', type=int, default=0, help='background busy-loop processes')
+    ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.kernels')
+    ap.add_argument('--plain', action='store_true',
+                    help='also run the step without the kernels, alternating with the others')
     a = ap.parse_args()
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(a.threads)
+    from gradus import kernels
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64)))
-               for _ in range(a.steps + 3)]
-    print(f"machine: {platform.machine()} cpus={os.cpu_count()} threads={a.threads} "
-          f"numpy={np.__version__}")
-    g = median_ms(gradus_step_fn(cfg), batches)
-    print(f"gradus  median {g:7.1f} ms/step (value_and_grad compiled + clip + AdamW)")
+               for _ in range(a.rounds + 3)]
+    print(f"machine: {platform.machine()} cpus={os.cpu_count()} numpy={np.__version__} "
+          f"kernels={'off' if a.no_kernels else 'on'} busy loops={a.busy}")
+    procs = busy_loops(a.busy)
     try:
-        import torch
-    except ImportError:
-        print("torch not importable: no comparator this run"); return
-    torch.set_num_threads(a.threads)
-    t = median_ms(torch_step_fn(cfg), batches)
-    print(f"torch   median {t:7.1f} ms/step (PyTorch {torch.__version__} eager, "
-          f"{torch.get_num_threads()} threads)")
-    print(f"ratio gradus/torch: {g / t:.2f}x")
+        time.sleep(1 if a.busy else 0)
+        print("load before:", os.popen('uptime').read().strip())
+        sides = [('gradus', gradus_step_fn(cfg))]
+        if a.plain:                                  # the same step traced and run without kernels
+            plain = gradus_step_fn(cfg)
+            def plain_step(x, y):
+                with kernels.disabled(): return plain(x, y)
+            sides.append(('gradus-plain', plain_step))
+        try:
+            import torch
+            sides.append(('torch', torch_step_fn(cfg)))
+        except ImportError:
+            print("torch not importable: no comparator this run")
+        with kernels.disabled() if a.no_kernels else contextlib.nullcontext():
+            med = alternate(sides, batches, a.threads)
+            tune = tuned(sides[0][1], batches, max(a.threads)) if len(a.threads) > 1 else None
+        print("medians of wall time and of this process's CPU time per step (the CPU time of"
+              " one thread is the steadier figure on a shared machine)")
+        for n in a.threads:
+            if ('torch', n) in med:
+                w, c = med['torch', n]
+                print(f"threads={n}  torch         {w:7.1f} ms wall {c:7.1f} ms cpu (PyTorch "
+                      f"{torch.__version__} eager)")
+            for name in ('gradus', 'gradus-plain'):
+                if (name, n) not in med: continue
+                (w, c), vs = med[name, n], ''
+                if ('torch', n) in med:
+                    tw, tc = med['torch', n]
+                    vs = f"  gradus/torch {w / tw:.2f}x wall {c / tc:.2f}x cpu"
+                what = 'no kernels' if name == 'gradus-plain' else 'as run'
+                print(f"threads={n}  {name:13s} {w:7.1f} ms wall {c:7.1f} ms cpu ({what}){vs}")
+        if tune:
+            ms, counts = tune
+            print(f"ThreadTuner(max {max(a.threads)})  gradus {ms:7.1f} ms/step, steps per "
+                  f"thread count: {counts}")
+        print("load after: ", os.popen('uptime').read().strip())
+    finally:
+        for p in procs: p.kill()
 
 
 if __name__ == '__main__':

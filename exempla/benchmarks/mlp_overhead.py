@@ -3,10 +3,12 @@
 Comparators, all measured here:
   forward   - the plain numpy forward of the same loss (no gradient)
   manual    - a hand-written numpy forward + backward (what a person would write without autodiff)
-  gradus    - gd.value_and_grad(loss), cached (trace/compile excluded: one warm-up call)
-Prints median microseconds per call and the ratios gradus/forward and gradus/manual.
+  gradus    - gd.value_and_grad(loss), cached (trace/compile excluded: one warm-up call), with the
+              fusion pass of gradus.fuse (the default) and without it (fuse=False)
+Prints median microseconds per call and the ratios gradus/forward and gradus/manual; the four sides
+alternate within each round. The 1-minute load average is printed before and after.
 
-Run: python exempla/benchmarks/mlp_overhead.py [--repeat 200]
+Run: python exempla/benchmarks/mlp_overhead.py [--repeat 300] [--threads N]
 """
 import argparse, platform, os, timeit
 import numpy as np
@@ -43,32 +45,42 @@ def setup(batch, din, width, dout, seed=0):
     return p, x, rng.standard_normal((batch, dout)).astype(np.float32)
 
 
-def median_us(fn, repeat):
-    fn()
-    return 1e6 * float(np.median(timeit.repeat(fn, number=1, repeat=repeat)))
+def median_us(fns, repeat, rounds=10):
+    "Median microseconds per call of each of `fns`, the sides alternating within each round."
+    for fn in fns: fn()
+    ts = [[] for _ in fns]
+    for _ in range(rounds):
+        for t, fn in zip(ts, fns): t += timeit.repeat(fn, number=1, repeat=max(1, repeat // rounds))
+    return [1e6 * float(np.median(t)) for t in ts]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--repeat', type=int, default=300)
+    ap.add_argument('--threads', type=int, default=os.cpu_count())
     a = ap.parse_args()
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(a.threads)
     print(f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
-          f"numpy={np.__version__}")
-    vg = gd.value_and_grad(loss)
+          f"threads={a.threads} numpy={np.__version__} load(1 min)={os.getloadavg()[0]:.2f}")
+    vg, vg_off = gd.value_and_grad(loss), gd.value_and_grad(loss, fuse=False)
     cases = [('small MLP 8x2-16-1', (8, 2, 16, 1)),
              ('MLP batch 64, 128-128-10', (64, 128, 128, 10))]
     for name, shape in cases:
         p, x, y = setup(*shape)
-        v, g = vg(p, x, y)
         mv, mg = manual_np(p, x, y)
-        assert np.allclose(v, mv, rtol=1e-5)
-        assert all(np.allclose(g[k], mg[k], rtol=1e-4, atol=1e-6) for k in g)
-        t_fwd = median_us(lambda: forward_np(p, x, y), a.repeat)
-        t_man = median_us(lambda: manual_np(p, x, y), a.repeat)
-        t_gd = median_us(lambda: vg(p, x, y), a.repeat)
+        for f in (vg, vg_off):
+            v, g = f(p, x, y)
+            assert np.allclose(v, mv, rtol=1e-5)
+            assert all(np.allclose(g[k], mg[k], rtol=1e-4, atol=1e-6) for k in g)
+        t_fwd, t_man, t_gd, t_off = median_us([lambda: forward_np(p, x, y),
+                                               lambda: manual_np(p, x, y), lambda: vg(p, x, y),
+                                               lambda: vg_off(p, x, y)], a.repeat)
         print(f"{name}: forward {t_fwd:.1f} us | manual fwd+bwd {t_man:.1f} us "
-              f"| gradus value_and_grad {t_gd:.1f} us | gradus/forward {t_gd / t_fwd:.2f}x "
+              f"| gradus value_and_grad {t_gd:.1f} us (fuse=False {t_off:.1f} us) "
+              f"| gradus/forward {t_gd / t_fwd:.2f}x (fuse=False {t_off / t_fwd:.2f}x) "
               f"| gradus/manual {t_gd / t_man:.2f}x")
+    print(f"load(1 min) after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == '__main__':
