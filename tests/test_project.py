@@ -77,22 +77,42 @@ def test_ruff_clean():
 # gpt on attention. The numpy-only group (safetensors < quants < gguf < spm < tokenizer) ranks below
 # dtype: it may import its own lower members and nothing of the autograd stack. decode and models
 # join the two arcs. A new module gets its rank here, at its place in that order.
-RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'spm': -2, 'tokenizer': -1,
-         'dtype': 0, 'pytree': 0, 'shape': 1, 'tensor': 2, 'ops': 3, 'graph': 4, 'autograd': 5,
-         'loss': 6, 'random': 6, 'nn': 7, 'optim': 7, 'sampling': 7, 'train': 8, 'attention': 8,
+RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'qkernels': -3, 'spm': -2, 'tokenizer': -1,
+         'dtype': 0, 'pytree': 0, 'shape': 1, 'tensor': 2, 'ops': 3, 'graph': 4, 'fuse': 4.5,
+         'autograd': 5, 'kernels': 5.5, 'loss': 6, 'random': 6, 'nn': 7, 'optim': 7, 'sampling': 7,
+         'train': 8, 'attention': 8,
          'gpt': 9, 'decode': 10, 'models': 11, 'shakespeare': 11, 'lowering': 11, 'engine': 12,
-         'cli': 13, '__main__': 14}
-NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'spm', 'tokenizer'}
+         'chat': 13, 'cli': 14, '__main__': 15}
+NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'spm', 'tokenizer', 'qkernels'}
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
+
+
+def _import_module_name(node):
+    """For a call `importlib.import_module(name, ...)` / `import_module(name, ...)`: `name` when it
+    is written out as a string, '' when it is computed; None for any other node."""
+    f = getattr(node, 'func', None)
+    if not isinstance(node, ast.Call) or getattr(f, 'attr', getattr(f, 'id', None)) != \
+            'import_module':
+        return None
+    arg = node.args[0] if node.args else None
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else ''
 
 
 def edges_of(tree, modules=()):
     """[(imported gradus module, line, at top level?)] of a parsed module. An absolute import
     (`import gradus`, `from gradus import x`, `from gradus.gguf import x`) is recorded as an
     import of 'gradus' itself, followed by the submodule it names, if any (for `from gradus
-    import x`: when `x` is one of `modules`)."""
+    import x`: when `x` is one of `modules`). A deferred import, `importlib.import_module('.x',
+    ...)` with the name written out, is an edge to `x` that this check sees: recorded with
+    'deferred' in place of the top-level flag (and ranked like any edge); a computed name is
+    recorded as '<computed>', not at top level (it hides an edge)."""
     top, edges = {id(n) for n in tree.body}, []
     for node in ast.walk(tree):
+        if (name := _import_module_name(node)) is not None:
+            if name.startswith('.'): edges.append((name[1:].split('.')[0], node.lineno, 'deferred'))
+            elif name.split('.')[0] == 'gradus': edges.append(('gradus', node.lineno, 'deferred'))
+            elif not name: edges.append(('<computed>', node.lineno, False))
+            continue
         if isinstance(node, ast.ImportFrom) and node.level > 0:  # from . import a; from .a import x
             names = [node.module.split('.')[0]] if node.module else [a.name for a in node.names]
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -164,16 +184,21 @@ def test_module_graph_is_one_way():
 def test_module_graph_check_can_fail():
     "The checks above see each kind of break, on small made-up sources and graphs."
     src = ("from . import nn, shape\nimport gradus\nfrom gradus.tensor import add\n"
-           "def f():\n    from .autograd import grad\n    from gradus import gpt, jit\n")
-    assert edges_of(ast.parse(src), {'gpt'}) == [
+           "def f():\n    from .autograd import grad\n    from gradus import gpt, jit\n"
+           "    importlib.import_module('.lowering', 'gradus'); import_module(name)\n"
+           "    importlib.import_module('jax'); importlib.import_module('gradus.nn')\n")
+    assert sorted(edges_of(ast.parse(src), {'gpt'}), key=lambda e: e[1]) == [
         ('nn', 1, True), ('shape', 1, True), ('gradus', 2, True), ('gradus', 3, True),
-        ('tensor', 3, True), ('autograd', 5, False), ('gradus', 6, False), ('gpt', 6, False)]
+        ('tensor', 3, True), ('autograd', 5, False), ('gradus', 6, False), ('gpt', 6, False),
+        ('lowering', 7, 'deferred'), ('<computed>', 7, False), ('gradus', 8, 'deferred')]
     assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
     assert find_cycle({'a': {'b'}, 'b': set(), 'c': {'a'}}) is None
     found = graph_problems({'tensor': [('autograd', 7, True)], 'autograd': [('tensor', 2, True)],
                             'gguf': [('nn', 3, True), ('quants', 4, False)], 'quants': [],
                             'nn': [('gradus', 9, True)], 'mystery': [('tensor', 1, True)],
-                            'cli': [('__main__', 5, False)]})
+                            'cli': [('__main__', 5, False), ('lowering', 6, 'deferred'),
+                                    ('engine', 7, 'deferred')],
+                            'lowering': [('cli', 8, 'deferred')], 'engine': []})
     assert found == [
         "gradus/mystery.py has no rank: add it to RANKS in tests/test_project.py at its place in "
         "the graph nbs/index.ipynb states",
@@ -182,5 +207,6 @@ def test_module_graph_check_can_fail():
         "gradus/gguf.py:4: a function-local import of quants hides an edge",
         "gradus/nn.py:9: imports the package `gradus` itself (import modules relatively)",
         "gradus/cli.py:5: a function-local import of __main__ hides an edge",
-        "gradus/cli.py:5: cli (rank 13) imports __main__ (rank 14): not pointing down",
+        "gradus/cli.py:5: cli (rank 14) imports __main__ (rank 15): not pointing down",
+        "gradus/lowering.py:8: lowering (rank 11) imports cli (rank 14): not pointing down",
         "import cycle: autograd -> tensor -> autograd"], found

@@ -159,11 +159,12 @@ MUTANTS = [
     # --- engine: the numba decode kernels of Part II (nbs/22_engine) ---
     M('llama-gqa-kernel', "decode kernel maps query head h to kv head h % n_kv (tiling) instead of "
       "h // group", 'engine',
-      (("kv, m = h // group, -np.inf", "kv, m = h % keys.shape[0], -np.inf"),),
+      (("_attend_head(qkv[o : o + D], ck[h // group], cv[h // group]",
+        "_attend_head(qkv[o : o + D], ck[h % ck.shape[0]], cv[h % ck.shape[0]]"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     M('llama-rmsnorm-eps-kernel', "decode kernel's RMSNorm adds eps outside the square root",
-      'engine', (("np.sqrt(ss / np.float32(x.shape[0]) + np.float32(eps))",
-                  "(np.sqrt(ss / np.float32(x.shape[0])) + np.float32(eps))"),),
+      'engine', (("np.sqrt(ss / _f32(x.shape[0]) + _f32(eps))",
+                  "(np.sqrt(ss / _f32(x.shape[0])) + _f32(eps))"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     # --- safetensors (nbs/15_safetensors) ---
     M('safetensors-offset', "safetensors data buffer read one byte early", 'safetensors',

@@ -7,7 +7,9 @@ is the `llama_cpp` package (llama-cpp-python) where importable; it is never a te
 printed: bytes of weights one decode token reads and the bandwidth that implies, the agreement of
 the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory of
 `gradus generate` over 128 tokens (a separate process).
-Usage: python exempla/benchmarks/decode.py [--rounds 3]
+`--decode-only` alternates only the decode runs (`--tokens` each) and adds each side's best round,
+the closest a shared machine gets to a quiet measurement.
+Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
 """
 
 import os
@@ -111,10 +113,30 @@ def peak_rss_generate(path):
     return peak, (r.stdout.strip().splitlines() or ['?'])[-1], r.returncode
 
 
+def decode_only(params, config, llm, short, rounds):
+    "Alternate decode rounds only; medians and best rounds of both sides."
+    g, l = [], []
+    for _ in range(rounds):
+        g.append(N_DECODE / gradus_decode(params, config, short)[0])
+        if llm:
+            l.append(N_DECODE / llama_decode(llm, short)[0])
+    for name, v in (('gradus', g), ('llama.cpp', l)):
+        if v:
+            print(f"decode {N_DECODE} tokens, {rounds} rounds: {name:9s} median "
+                  f"{np.median(v):6.1f} tok/s, best round {max(v):6.1f} tok/s")
+    if l:
+        print(f"ratio of medians {np.median(g) / np.median(l):.2f}, of best rounds "
+              f"{max(g) / max(l):.2f}; load after: {load()}")
+
+
 def main():
+    global N_DECODE
     ap = argparse.ArgumentParser()
     ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--decode-only', action='store_true')
+    ap.add_argument('--tokens', type=int, default=N_DECODE, help='decode tokens a round')
     args = ap.parse_args()
+    N_DECODE = args.tokens
     numba.set_num_threads(THREADS)
     path = G.smollm2_path()
     params, config = models.from_gguf(path)
@@ -147,6 +169,9 @@ def main():
     print(f"load (1/5/15 min) before: {load()}")
     gradus_prefill(params, config, ids[:16])
     gradus_decode(params, config, short[:4])  # compile / warm
+    print(f"numba threading layer: {numba.threading_layer()} (one parallel region per token)")
+    if args.decode_only:
+        return decode_only(params, config, llm, short, args.rounds)
     res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'g_dec_exact', 'l_dec')}
     for r in range(args.rounds):
         res['g_pre'].append(gradus_prefill(params, config, ids)[0])

