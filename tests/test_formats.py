@@ -98,7 +98,7 @@ def gguf_rows(blocks, t):
 
 def matvec_bound(blocks, t, x):
     """qmatvec's stated tolerance (n_in/32 + 48)·2⁻²⁴·(M @ |x|): M = |W|, or for the formats
-    with a min |W with the min zeroed| + |W with the scale zeroed| (16_quants, 'Proof')."""
+    with a min |W with the min zeroed| + |W with the scale zeroed| (18_quants, 'Proof')."""
     if t not in MIN_AT: M = np.abs(gguf_rows(blocks, t))
     else:
         M = 0
