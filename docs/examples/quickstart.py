@@ -1,7 +1,7 @@
 # The smallest useful gradus program: fit a line with a generated gradient.
 import numpy as np
 import gradus as gd
-from gradus import tensor as T
+from gradus import ops
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(200, 2))                       # (N, 2) inputs
@@ -10,7 +10,7 @@ y = x @ w_true + b_true + 0.01 * rng.normal(size=200)  # (N,) noisy targets
 
 def loss(params):
     "Mean squared error of the line `x @ w + b`: a pure function."
-    return T.mean((x @ params['w'] + params['b'] - y) ** 2)
+    return ops.mean((x @ params['w'] + params['b'] - y) ** 2)
 
 params = {'w': np.zeros(2), 'b': np.zeros(())}
 value_and_grad = gd.value_and_grad(loss)  # traced and compiled on 1st call

@@ -9,7 +9,11 @@ the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory
 `gradus generate` over 128 tokens (a separate process).
 `--decode-only` alternates only the decode runs (`--tokens` each) and adds each side's best round,
 the closest a shared machine gets to a quiet measurement.
+Gemma 3 270M (Q4_K_M, the `gemma` extra) follows when installed (`--gemma-only`: only it): the same
+rates through `models.stepper` (the fused engine runs Llama-family files only), llama.cpp on the
+same file, and the share of a decode token that is the 262,144 x 640 output head (bytes and time).
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
+                                            [--gemma-only]
 """
 
 import os
@@ -19,7 +23,7 @@ os.environ.setdefault('NUMBA_NUM_THREADS', '2')
 import argparse, platform, subprocess, sys, time
 import numpy as np
 import numba
-from gradus import engine, gguf as G, models, tokenizer as TK
+from gradus import engine, gguf as G, models, quants, tokenizer as TK
 
 THREADS, N_PROMPT, N_DECODE = 2, 512, 128
 TEXT = (
@@ -113,6 +117,71 @@ def peak_rss_generate(path):
     return peak, (r.stdout.strip().splitlines() or ['?'])[-1], r.returncode
 
 
+def gemma(rounds):
+    "Gemma 3 270M beside SmolLM2: prefill and decode rates, llama.cpp on the same file, the head."
+    try:
+        path = G.gemma3_path()
+    except FileNotFoundError as e:
+        return print(f"Gemma 3: skipped ({e})")
+    params, config = models.from_gguf(path)
+    tok = TK.from_gguf(G.open_gguf(path))
+    ids = np.array(tok.encode(TEXT * 8)[:N_PROMPT])
+    short = np.array(tok.encode("Tell me a story about a lighthouse."))
+
+    def g_prefill():
+        cache = models.new_cache(config, len(ids) + 1)
+        t0 = time.perf_counter()
+        models.forward(params, ids, config, cache, 0, last_only=True)
+        return time.perf_counter() - t0
+
+    def g_decode():
+        step = models.stepper(params, config, models.new_cache(config, len(short) + N_DECODE + 1))
+        z, t0 = step(short, 0), time.perf_counter()
+        for i in range(N_DECODE):
+            z = step([int(np.argmax(z))], len(short) + i)
+        return time.perf_counter() - t0
+
+    try:
+        import llama_cpp
+        llm = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=512, n_threads=THREADS,
+                              n_threads_batch=THREADS, verbose=False)
+    except ImportError:
+        llm = None
+    g_decode()                                                     # warm the kernels
+    res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'l_dec')}
+    for _ in range(rounds):
+        res['g_pre'].append(g_prefill())
+        res['g_dec'].append(g_decode())
+        if llm:
+            res['l_pre'].append(llama_prefill(llm, ids)[0])
+            res['l_dec'].append(llama_decode(llm, short)[0])
+    med = {k: float(np.median(v)) for k, v in res.items() if v}
+    pre, dec = N_PROMPT / med['g_pre'], N_DECODE / med['g_dec']
+    line = f"Gemma 3 270M: prefill {N_PROMPT} tokens gradus {pre:7.1f} tok/s"
+    if llm:
+        line += (f" | llama.cpp {N_PROMPT / med['l_pre']:7.1f} tok/s"
+                 f" | ratio {pre * med['l_pre'] / N_PROMPT:.2f}x")
+    print(line)
+    line = f"Gemma 3 270M: decode {N_DECODE} tokens gradus {dec:7.1f} tok/s (models.stepper)"
+    if llm:
+        line += (f" | llama.cpp {N_DECODE / med['l_dec']:7.1f} tok/s"
+                 f" | ratio {dec * med['l_dec'] / N_DECODE:.2f}x")
+    print(line)
+    head = params['output']
+    x = np.random.default_rng(0).standard_normal(config.dim).astype(np.float32)
+    th = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        quants.qmatvec(head.blocks, head.type, x)
+        th.append(time.perf_counter() - t0)
+    wb = weight_bytes(params)
+    print(f"Gemma 3 270M: weights read per decode token {wb / 2**20:.1f} MiB, of which the output "
+          f"head {head.blocks.nbytes / 2**20:.1f} MiB ({head.blocks.nbytes / wb:.0%}); the head "
+          f"alone "
+          f"{np.median(th) * 1e3:.1f} ms of a {med['g_dec'] / N_DECODE * 1e3:.1f} ms token "
+          f"({np.median(th) / (med['g_dec'] / N_DECODE):.0%}); load after: {load()}")
+
+
 def decode_only(params, config, llm, short, rounds):
     "Alternate decode rounds only; medians and best rounds of both sides."
     g, l = [], []
@@ -135,9 +204,13 @@ def main():
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--decode-only', action='store_true')
     ap.add_argument('--tokens', type=int, default=N_DECODE, help='decode tokens a round')
+    ap.add_argument('--gemma-only', action='store_true', help='only the Gemma 3 270M section')
     args = ap.parse_args()
     N_DECODE = args.tokens
     numba.set_num_threads(THREADS)
+    if args.gemma_only:
+        print(f"load (1/5/15 min) before: {load()}")
+        return gemma(args.rounds)
     path = G.smollm2_path()
     params, config = models.from_gguf(path)
     tok = TK.from_gguf(G.open_gguf(path))
@@ -226,6 +299,7 @@ def main():
         f"gradus generate, {N_DECODE} tokens: peak RSS {peak:.0f} MiB (exit {rc}); "
         f"its last line: {last}"
     )
+    gemma(args.rounds)
 
 
 if __name__ == '__main__':
