@@ -264,6 +264,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gradus.kernels.blas_threads': ('kernels.html#blas_threads', 'gradus/kernels.py'),
                                 'gradus.kernels.disabled': ('kernels.html#disabled', 'gradus/kernels.py'),
                                 'gradus.kernels.enabled': ('kernels.html#enabled', 'gradus/kernels.py'),
+                                'gradus.kernels.keep_arrays_on_the_heap': ('kernels.html#keep_arrays_on_the_heap', 'gradus/kernels.py'),
                                 'gradus.kernels.reference_vjp': ('kernels.html#reference_vjp', 'gradus/kernels.py'),
                                 'gradus.kernels.set_threads': ('kernels.html#set_threads', 'gradus/kernels.py')},
             'gradus.loss': { 'gradus.loss._check_ce_args': ('loss.html#_check_ce_args', 'gradus/loss.py'),

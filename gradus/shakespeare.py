@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 import numpy as np
 from .graph import jit
-from . import optim, train, gpt, decode
+from . import optim, train, gpt, decode, kernels
 from . import loss as L
 from .tokenizer import CharTokenizer
 from .safetensors import atomic_write
@@ -362,6 +362,7 @@ def cli(args, fit=None):
     fields = {k: getattr(args, k) for k in RunConfig._fields if hasattr(args, k)}
     cfg = RunConfig(**fields)
     try:
+        kernels.keep_arrays_on_the_heap()   # each step's arrays reuse mapped memory (kernels)
         if args.threads is not None:
             if args.threads < 1: raise ConfigError(f"--threads must be >= 1, got {args.threads}")
             from threadpoolctl import threadpool_limits

@@ -130,3 +130,13 @@ def test_fifty_steps_with_and_without_kernels_agree():
         plain = _train(50, cfg)
     np.testing.assert_allclose(fused, plain, rtol=2e-5)
     assert fused[-5:].mean() < fused[:5].mean() - 0.1
+
+
+def test_keep_arrays_on_the_heap_where_glibc_runs():
+    "glibc accepts both mallopt settings (32 MiB, 256 MiB); elsewhere the call changes nothing."
+    import platform
+    applied = kernels.keep_arrays_on_the_heap()
+    assert isinstance(applied, bool)
+    if platform.libc_ver()[0] == 'glibc':
+        assert applied
+    assert np.ones(400_000, np.float32).sum() == 400_000   # arrays still allocate and fill
