@@ -141,9 +141,9 @@ def _report(gen):
 # %% ../nbs/27_chat.ipynb #eb4166ae
 def cli(args, out=None) -> int:
     """Run `gradus generate` with parsed `args` (see `add_arguments`), streaming text to `out`
-    (stdout). Returns 0, or 2 after one line on stderr for a bad setting, a prompt that does not
-    fit or a missing chat template; `FormatError`/`FileNotFoundError` (no model, unsupported file)
-    propagate to `cli.main`."""
+    (stdout). Returns 0, 130 on Ctrl-C (no traceback), or 2 after one line on stderr for a bad
+    setting, a prompt that does not fit or a missing chat template; `FormatError` and
+    `FileNotFoundError` (no model, unsupported file) propagate to `cli.main`."""
     out = out or sys.stdout
     path = model_path(args.model, args.gguf)
     try:
@@ -156,6 +156,9 @@ def cli(args, out=None) -> int:
         gen = decode.generate(model_step(m, cache, args.exact), ids, cfg, m.tokenizer, cache)
         for e in gen:
             print(e.text, end='', file=out, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: stop where the text is, no traceback (as chat does)
+        print(file=out)
+        return 130
     except (ValueError, TypeError) as e:
         if isinstance(e, FormatError):
             raise

@@ -9,7 +9,7 @@ safetensors file; `gradus generate "prompt"` runs a GGUF language model (SmolLM2
 __all__ = ['COMMANDS', 'build_parser', 'main']
 
 # %% ../nbs/29_cli.ipynb #ffee91cb
-import argparse, importlib, sys
+import argparse, importlib, os, sys
 from . import chat, gguf, shakespeare, optim, train
 from .safetensors import FormatError
 
@@ -89,9 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Entry point of the `gradus` console script and of `python -m gradus`. Returns the exit
     status: 0 on success, 2 for a usage error (one line on stderr; argparse exits with it), 1 when
-    the file is refused or absent (the error's message goes to stderr)."""
+    the file is refused or absent (the error's message goes to stderr) or when the reader of
+    stdout closed it early (a pipe into `head`)."""
     args = build_parser().parse_args(argv)
     try: return args._run(args)
     except (FormatError, FileNotFoundError, IsADirectoryError) as e:
         print(f"gradus {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `gradus inspect FILE | head`: the reader left before the end
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 1

