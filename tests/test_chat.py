@@ -17,21 +17,16 @@ import pytest
 from gradus import chat, decode, gguf as G, models
 from gradus.cli import main
 from gradus.quants import GGMLType
+from _models import find
 
-try:
-    MODEL = G.smollm2_path()
-except FileNotFoundError as e:
-    MODEL, WHY = None, str(e)
-needs_model = pytest.mark.skipif(
-    MODEL is None, reason=f"SmolLM2 GGUF absent: {WHY if MODEL is None else ''}"
-)
+MODEL, needs_model = find(G.smollm2_path, 'SmolLM2')
 GREEDY = decode.GenerationConfig(max_new_tokens=8, temperature=0)
 
 
 @pytest.fixture(scope='module')
 def model():
     if MODEL is None:
-        pytest.skip(f"SmolLM2 GGUF absent: {WHY}")
+        pytest.skip(needs_model.kwargs['reason'])
     return chat.load(MODEL)
 
 

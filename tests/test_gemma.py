@@ -16,17 +16,12 @@ import _gguf_build as B
 
 from gradus import decode, gguf as G, models, tokenizer as TK
 from gradus.safetensors import FormatError
+from _models import find
 
 gguf = pytest.importorskip('gguf', reason="the independent reference reads GGUF with `gguf`")
 import _gemma_reference as R  # noqa: E402  (after the skip: it imports gguf)
 
-try:
-    MODEL = G.gemma3_path()
-except FileNotFoundError as e:
-    MODEL, WHY = None, str(e)
-needs_model = pytest.mark.skipif(
-    MODEL is None, reason=f"Gemma 3 GGUF absent: {WHY if MODEL is None else ''}"
-)
+MODEL, needs_model = find(G.gemma3_path, 'Gemma 3')
 
 N_NEW = 32
 TOL = 1e-3

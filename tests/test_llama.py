@@ -19,18 +19,13 @@ import _gguf_build as B
 from gradus import decode, engine, gguf as G, gpt, models, qkernels, quants as Q
 from gradus import random as R, tokenizer as TK
 from gradus.safetensors import FormatError
+from _models import find
 
 gguf = pytest.importorskip(
     'gguf', reason="the independent reference reads GGUF with the `gguf` package"
 )
 
-try:
-    MODEL = G.smollm2_path()
-except FileNotFoundError as e:
-    MODEL, WHY = None, str(e)
-needs_model = pytest.mark.skipif(
-    MODEL is None, reason=f"SmolLM2 GGUF absent: {WHY if MODEL is None else ''}"
-)
+MODEL, needs_model = find(G.smollm2_path, 'SmolLM2')
 
 
 # ---------------------------------------------------------------- the independent reference
