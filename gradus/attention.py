@@ -41,27 +41,42 @@ def causal_mask(t_q, t_k=None, offset=None, window=None):
     return m if window is None else m & (qpos - kpos < window)
 
 # %% ../nbs/14_attention.ipynb #attk2kern
-@njit(cache=True)
-def _causal_softmax_kernel(s, scale, offset, out):
-    """`out[b, i] = softmax(scale · s[b, i, :offset + i + 1])`, zeros after: the causal rows of the
-    scores `s` `(n, t_q, t_k)`, `offset = t_k − t_q ≥ 0` (bottom-right), one row at a time."""
+@njit(cache=True, nogil=True)
+def _causal_shift(s, scale, offset, out):
+    "`out = scale · s − (the row's visible max)` on the causal rows of `s` `(n, t_q, t_k)`, 0 after."
     n, tq, tk = s.shape
     for b in range(n):
         for i in range(tq):
             last = min(i + offset + 1, tk)                  # keys 0 … last − 1 are visible
             m = s[b, i, 0] * scale
             for j in range(1, last): m = max(m, s[b, i, j] * scale)
-            total = 0.0
-            for j in range(last):
-                e = np.exp(s[b, i, j] * scale - m)
-                out[b, i, j] = e
-                total += e
-            inv = 1.0 / total
-            for j in range(last): out[b, i, j] *= inv
+            for j in range(last): out[b, i, j] = s[b, i, j] * scale - m
             for j in range(last, tk): out[b, i, j] = 0
+
+@njit(cache=True, nogil=True)
+def _causal_normalize(e, offset):
+    "In place, each causal row of `e` (the exponentials) divided by its visible sum; zeros after."
+    n, tq, tk = e.shape
+    for b in range(n):
+        for i in range(tq):
+            last = min(i + offset + 1, tk)
+            total = 0.0
+            for j in range(last): total += e[b, i, j]
+            inv = 1.0 / total
+            for j in range(last): e[b, i, j] *= inv
+            for j in range(last, tk): e[b, i, j] = 0
+
+def _causal_softmax_kernel(s, scale, offset, out):
+    """`out[b, i] = softmax(scale · s[b, i, :offset + i + 1])`, zeros after: the causal rows of the
+    scores `s` `(n, t_q, t_k)`, `offset = t_k − t_q ≥ 0` (bottom-right). Three passes: a numba loop
+    shifts each row by its max, numpy's vectorised `exp` (numba's is the C library's, one element
+    at a time), a numba loop normalises."""
+    _causal_shift(s, scale, offset, out)
+    np.exp(out, out=out)
+    _causal_normalize(out, offset)
     return out
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _causal_softmax_vjp_kernel(g, p, scale, offset, out):
     "The scores' cotangent `scale · p · (g − Σ_j g p)` on each causal row of `p`, zeros after."
     n, tq, tk = p.shape

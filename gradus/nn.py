@@ -133,7 +133,7 @@ def _norm_reference(x, eps, center):
 # %% ../nbs/11_nn.ipynb #nnk2kern
 _FAST = {'reassoc', 'contract'}    # LLVM may vectorise the row sums; nothing assumed about inf/NaN
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, fastmath=_FAST, nogil=True)
 def _row_stats(x, i, center, eps):
     """Mean of row `i` of `x` `(n, d)` (0 unless `center`) and `r = 1/√(mean((x − mean)²) + eps)`,
     in float64, the row divided by `s = max(max|x − mean|, 1)` before squaring (`_normalise`)."""
@@ -150,7 +150,7 @@ def _row_stats(x, i, center, eps):
         ss += u * u
     return mu, 1.0 / (s * np.sqrt(ss / d + eps / s / s))
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, fastmath=_FAST, nogil=True)
 def _norm_rows_kernel(x, eps, center, out):
     "`out[i] = (x[i] − mean) · r` for each row (one read for the statistics, one to write)."
     for i in range(x.shape[0]):
@@ -158,7 +158,7 @@ def _norm_rows_kernel(x, eps, center, out):
         for j in range(x.shape[1]): out[i, j] = (x[i, j] - mu) * r
     return out
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, fastmath=_FAST, nogil=True)
 def _norm_rows_vjp_kernel(g, x, eps, center, out):
     """The cotangent of the rows of `x` for the output cotangent `g`, statistics recomputed:
     `r · (g − mean(g) − y · mean(g y))`, `y = (x − mean) · r` (no `mean(g)` without `center`)."""

@@ -13,6 +13,7 @@ __all__ = ['PRIMITIVES', 'take', 'getitem', 'concatenate', 'stack', 'erf', 'erfc
 import builtins, math
 import numpy as np
 import scipy.special
+from numba import njit
 from . import dtype as D
 from .dtype import DTypeError
 from .shape import ShapeError, normalize_axis
@@ -310,13 +311,13 @@ def _gelu_parts(x):
     s += 1; np.divide(1, s, out=s)                                              # sigmoid(v)
     return xc, s
 
-def _gelu_impl(x):
+def _gelu_numpy(x):
     "max(x, −40) · sigmoid(v): `x` itself beyond +40, where sigmoid(v) is 1, and −0 below −40."
     xc, s = _gelu_parts(x)
     s *= np.maximum(x, -_GELU_CLIP, out=xc)
     return s
 
-def _gelu_grad_impl(x):
+def _gelu_grad_numpy(x):
     """gelu'(x) = s + x·v'·s(1 − s), `s = sigmoid(v)`, `v' = 2c(1 + 3a x²)`. `1 − s` is inexact only
     where `s` is close to 1, and there the second term is negligible beside `s`."""
     xc, s = _gelu_parts(x)
@@ -324,6 +325,52 @@ def _gelu_grad_impl(x):
     np.multiply(xc, xc, out=xc); xc *= 3 * _GELU_A; xc += 1; xc *= 2 * _GELU_C  # v'
     q *= xc; q += s
     return q
+
+# %% ../nbs/03_ops.ipynb #c6a2d028
+@njit(cache=True, nogil=True, error_model='numpy')
+def _gelu_minus_v(x, out, lo, hi, a, m2c, one):
+    "`out = −v = −2c(xc + a·xc³)` over flat arrays, `xc` = `x` clipped to [lo, hi] (NaN stays)."
+    for i in range(x.size):
+        xc = lo if x[i] < lo else (hi if x[i] > hi else x[i])
+        s = xc * xc; s *= a; s += one; s *= xc
+        out[i] = s * m2c
+
+@njit(cache=True, nogil=True, error_model='numpy')
+def _gelu_finish(x, e, lo, one):
+    "In place, `e = exp(−v)` becomes `max(x, lo) · sigmoid(v)`."
+    for i in range(x.size):
+        e[i] = (one / (e[i] + one)) * (lo if x[i] < lo else x[i])
+
+@njit(cache=True, nogil=True, error_model='numpy')
+def _gelu_grad_finish(x, e, lo, hi, a3, c2, one):
+    "In place, `e = exp(−v)` becomes `gelu'(x) = s + x·v'·s(1 − s)`, `s = sigmoid(v)`."
+    for i in range(x.size):
+        xc = lo if x[i] < lo else (hi if x[i] > hi else x[i])
+        s = one / (e[i] + one)
+        q = (one - s) * s * xc
+        e[i] = q * ((xc * xc * a3 + one) * c2) + s
+
+def _gelu_exp(x):
+    "`(flat x, t, exp(−v))` of a float32/float64 array: the first numba pass, then numpy's `exp`."
+    t, flat = x.dtype.type, np.ascontiguousarray(x).reshape(-1)
+    e = np.empty(x.shape, x.dtype)
+    _gelu_minus_v(flat, e.reshape(-1), t(-_GELU_CLIP), t(_GELU_CLIP), t(_GELU_A),
+                  t(-2 * _GELU_C), t(1))
+    with np.errstate(over='ignore'): np.exp(e, out=e)
+    return flat, t, e
+
+def _gelu_impl(x):
+    "The tanh-GELU of `_gelu_numpy` in three passes (numba, numpy's `exp`, numba)."
+    flat, t, e = _gelu_exp(x)
+    _gelu_finish(flat, e.reshape(-1), t(-_GELU_CLIP), t(1))
+    return e
+
+def _gelu_grad_impl(x):
+    "gelu'(x) of `_gelu_grad_numpy` in three passes (numba, numpy's `exp`, numba)."
+    flat, t, e = _gelu_exp(x)
+    _gelu_grad_finish(flat, e.reshape(-1), t(-_GELU_CLIP), t(_GELU_CLIP), t(3 * _GELU_A),
+                      t(2 * _GELU_C), t(1))
+    return e
 
 # %% ../nbs/03_ops.ipynb #8afac490
 def _gelu_second(x):

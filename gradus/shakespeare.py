@@ -301,11 +301,13 @@ def run(cfg=RunConfig(), resume=False, progress=True, log=print, fit=None):
     metrics = _MetricsLog(out, records, state.step)
     def eval_fn(params):   # evaluation happens inside the step about to be logged
         return metrics.timed_eval(lambda: evaluate(params, metrics.step + 1))
+    # numpy backend: each step's batch split over kernels.threads() threads (train.data_parallel)
+    split = {'in_axes': (0, 0, 'key')} if fit is train.fit else {}
     try:
         state, _ = fit(loss_fn, state, opt, get_batch, cfg.iters, clip_norm=cfg.grad_clip,
-                             eval_fn=eval_fn, eval_every=cfg.eval_interval, callback=metrics,
-                             log_every=1, progress=progress, checkpoint=ckpt,
-                             checkpoint_every=cfg.eval_interval)
+                       eval_fn=eval_fn, eval_every=cfg.eval_interval, callback=metrics,
+                       log_every=1, progress=progress, checkpoint=ckpt,
+                       checkpoint_every=cfg.eval_interval, **split)
     finally:
         metrics.file.close()
     plot_losses(records, out / 'loss.png')
@@ -349,7 +351,8 @@ def add_arguments(p):
         p.add_argument('--' + name.replace('_', '-'), type=kind, default=getattr(d, name),
                        metavar=meta, help=f'(default {getattr(d, name)})')
     p.add_argument('--threads', type=int, default=None, metavar='N',
-                   help="BLAS threads (default: numpy's own choice)")
+                   help='threads training at once, each on a shard of the batch (default: '
+                        'every core)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.add_argument('--backend', choices=('numpy', 'jax'), default=d.backend,
                    help='numpy (default), or jax: the same graph lowered to XLA (gradus.lowering)')
@@ -365,8 +368,7 @@ def cli(args, fit=None):
         kernels.keep_arrays_on_the_heap()   # each step's arrays reuse mapped memory (kernels)
         if args.threads is not None:
             if args.threads < 1: raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(args.threads)
+            kernels.set_threads(args.threads)
         state, records = run(cfg, resume=args.resume, progress=not args.no_progress, fit=fit)
     except (DataError, ConfigError, train.CheckpointError, OSError) as e:
         print(f"gradus shakespeare: {e}", file=sys.stderr); return 1

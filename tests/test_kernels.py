@@ -140,3 +140,29 @@ def test_keep_arrays_on_the_heap_where_glibc_runs():
     if platform.libc_ver()[0] == 'glibc':
         assert applied
     assert np.ones(400_000, np.float32).sum() == 400_000   # arrays still allocate and fill
+
+
+def test_one_blas_thread_and_threads():
+    before = kernels.blas_threads()
+    try:
+        kernels.set_threads(2)
+        assert kernels.threads() == 2
+        with kernels.one_blas_thread():
+            assert kernels.blas_threads() == 1
+        assert kernels.blas_threads() == 2
+        kernels.set_threads(1)
+        assert kernels.threads() == 1
+    finally:
+        kernels.set_threads(before)
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_gelu_passes_equal_the_numpy_steps_bit_for_bit(dtype):
+    "numba, numpy's exp, numba: the same bits as ops' numpy version, non-contiguous input too."
+    x = np.concatenate([rng.standard_normal(989) * 6, [0.0, -0.0, 40.0, -40.0, 40.5, -40.5, 1e30,
+                                                        -1e30, np.inf, -np.inf, 1e-40]])
+    for xd in (x.astype(dtype).reshape(25, 40), x.astype(dtype).reshape(40, 25).T):
+        assert np.array_equal(ops._gelu_impl(xd), ops._gelu_numpy(xd))
+        assert np.array_equal(ops._gelu_grad_impl(xd), ops._gelu_grad_numpy(xd))
+        assert ops._gelu_impl(xd).shape == xd.shape and ops._gelu_impl(xd).dtype == dtype
+    assert np.isnan(ops._gelu_impl(np.array([np.nan], dtype))[0])

@@ -166,3 +166,38 @@ def test_clip_refuses_non_finite(bad):
     with pytest.raises(optim.NonFiniteError, match=r"layers\.1\.w contains"):
         optim.clip_by_global_norm(g, 1.0)
     with pytest.raises(ValueError): optim.clip_by_global_norm({'w': np.ones(2)}, 0.0)
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64, np.float16])
+def test_adamw_update_equals_the_numpy_step_bit_for_bit(dtype):
+    """The one-pass kernel (float32/float64, contiguous or not) and the numpy path (float16) give
+    exactly what `adamw_leaf_reference` gives leaf by leaf, at steps 1 and 2."""
+    r = np.random.default_rng(1)
+    params = {'w': r.standard_normal((7, 5)).astype(dtype),
+              'wt': r.standard_normal((5, 6)).astype(dtype).T,           # not contiguous
+              'b': r.standard_normal(5).astype(dtype)}
+    opt = optim.adamw(lambda t: [3e-3, 1e-3][t], betas=(0.8, 0.95), eps=1e-6, weight_decay=0.2,
+                      mask=optim.decay_mask)
+    state, p = opt.init(params), params
+    m = {k: np.zeros_like(v) for k, v in params.items()}; v_ = dict(m)
+    for t in range(2):
+        g = {k: r.standard_normal(x.shape).astype(dtype) for k, x in params.items()}
+        p_new, state = opt.update(g, state, p)
+        for k in params:
+            hyper = (0.8, 0.95, 1 - 0.8 ** (t + 1), 1 - 0.95 ** (t + 1), 1e-6,
+                     0.2 if p[k].ndim >= 2 else 0.0, [3e-3, 1e-3][t])
+            want_p, m[k], v_[k] = optim.adamw_leaf_reference(p[k], g[k], m[k], v_[k], *hyper)
+            assert p_new[k].dtype == dtype and np.array_equal(p_new[k], want_p), (k, t)
+            assert np.array_equal(state['mu'][k], m[k]) and np.array_equal(state['nu'][k], v_[k])
+        p = p_new
+
+
+def test_global_norm_against_fsum_and_float64_overflow():
+    r = np.random.default_rng(2)
+    tree = {'a': r.standard_normal((300, 7)).astype(np.float32), 'b': [r.standard_normal(11) * 1e3]}
+    exact = math.sqrt(math.fsum(float(v) ** 2 for leaf in gd.tree_leaves(tree)
+                                for v in np.asarray(leaf, np.float64).ravel()))
+    assert optim.global_norm(tree) == pytest.approx(exact, rel=1e-14)
+    assert optim.global_norm({'big': np.full(4, 3e38, np.float32)}) == pytest.approx(6e38)
+    with pytest.raises(optim.NonFiniteError, match='overflows float64'):
+        optim.clip_by_global_norm({'huge': np.array([1e200, 1.0])}, 1.0)

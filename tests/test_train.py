@@ -4,7 +4,7 @@ import math, os
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import loss, nn, optim, random, train
+from gradus import loss, nn, ops, optim, random, train
 from gradus import tensor as T
 from gradus.dtype import DTypeError
 from gradus.shape import ShapeError
@@ -212,3 +212,76 @@ def test_regression_exemplum(capsys):
     assert 'learned: w0=2.000 w1=-1.000 b=0.500' in out and out.count('epoch') == 10
     np.testing.assert_allclose(params['w'][:, 0], [2.0, -1.0], atol=1e-5)
     np.testing.assert_allclose(params['b'], [0.5], atol=1e-5)
+
+
+def _mse_setup(dtype, n=16):
+    x, y = _regression_data()
+    params = nn.mlp_init(random.key(0), [3, 16, 2], dtype=dtype)
+    vg = gd.value_and_grad(lambda p, xb, yb: loss.mse(nn.mlp(p, xb, T.tanh), yb))
+    return vg, params, x[:n].astype(dtype), y[:n].astype(dtype)
+
+
+@pytest.mark.parametrize('dtype,tol', [(np.float32, 1e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize('threads', [2, 3, 5])
+def test_data_parallel_equals_the_whole_batch(dtype, tol, threads):
+    """Shards of 8/8, 5/5/6 and 3/3/3/3/4 rows: the size-weighted mean of their losses and gradients
+    is the whole batch's, to float rounding."""
+    vg, params, x, y = _mse_setup(dtype)
+    whole = gd.tree_leaves(vg(params, x, y))
+    split = gd.tree_leaves(train.data_parallel(vg, (None, 0, 0), threads=threads)(params, x, y))
+    assert [(np.shape(a), np.asarray(a).dtype) for a in split] == \
+        [(np.shape(a), np.asarray(a).dtype) for a in whole]
+    for a, b in zip(split, whole):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_data_parallel_gives_each_shard_its_own_key():
+    "Shard i gets fold_in(key, i): the result is the weighted mean of the shards called by hand."
+    def loss_fn(p, xb, k):
+        return ops.mean(nn.dropout(k, xb * p, 0.5, True))
+    vg = gd.value_and_grad(loss_fn)
+    p, xb, k = np.float64(1.5), np.arange(1.0, 21.0).reshape(10, 2), random.key(7)
+    got = train.data_parallel(vg, (None, 0, 'key'), threads=2)(p, xb, k)
+    halves = [vg(p, xb[:5], random.fold_in(k, 0)), vg(p, xb[5:], random.fold_in(k, 1))]
+    want = [0.5 * (a + b) for a, b in zip(*halves)]
+    assert np.allclose(got[0], want[0], rtol=1e-14) and np.allclose(got[1], want[1], rtol=1e-14)
+    assert not np.isclose(halves[0][0], vg(p, xb[5:], random.fold_in(k, 0))[0])   # masks differ
+
+
+def test_data_parallel_errors_and_blas_restored():
+    from gradus import kernels
+    vg, params, x, y = _mse_setup(np.float32)
+    with pytest.raises(TypeError, match='data_parallel'):
+        train.data_parallel(lambda p, x, y: 0.0, (None, 0, 0))
+    with pytest.raises(ValueError, match='in_axes'):
+        train.data_parallel(vg, (None, 0))(params, x, y)
+    with pytest.raises(ValueError, match="'batch'"):
+        train.data_parallel(vg, (None, 0, 'batch'))(params, x, y)
+    with pytest.raises(ShapeError, match=r'\[16, 15\]'):
+        train.data_parallel(vg, (None, 0, 0))(params, x, y[:15])
+    before = kernels.blas_threads()
+    train.data_parallel(vg, (None, 0, 0), threads=2)(params, x, y)
+    assert kernels.blas_threads() == before
+    one = train.data_parallel(vg, (None, 0, 0), threads=4)(params, x[:1], y[:1])   # 1 row: 1 shard
+    assert all(np.array_equal(a, b) for a, b in
+               zip(gd.tree_leaves(one), gd.tree_leaves(vg(params, x[:1], y[:1]))))
+
+
+def test_fit_with_in_axes_tracks_the_one_thread_run():
+    "20 AdamW steps with the batch split over 2 threads follow the one-thread losses closely."
+    from gradus import kernels
+    x, y = _regression_data()
+    def loss_fn(p, xb, yb): return loss.mse(nn.mlp(p, xb, T.tanh), yb)
+    def get_batch(k, t):
+        idx = random.rng(k).integers(0, len(x), 16)
+        return x[idx], y[idx]
+    opt = optim.adamw(1e-2)
+    s0 = train.init_state(nn.mlp_init(random.key(0), [3, 16, 2]), opt, random.key(1))
+    before = kernels.threads()
+    try:
+        kernels.set_threads(2)
+        _, split = train.fit(loss_fn, s0, opt, get_batch, 20, progress=False, in_axes=(0, 0))
+    finally:
+        kernels.set_threads(before)
+    _, one = train.fit(loss_fn, s0, opt, get_batch, 20, progress=False)
+    np.testing.assert_allclose([r['loss'] for r in split], [r['loss'] for r in one], rtol=1e-4)

@@ -3,28 +3,32 @@
 Same model (nanoGPT's CPU Shakespeare-char configuration: block 64, batch 12, 4 layers, 4 heads,
 width 128, vocabulary 65, tied head), same optimizer settings, same thread count, measured in one
 run. PyTorch is used only when it is importable (it is not a gradus dependency). Both sides run in
-alternation at each thread count (`gradus.kernels.set_threads` for gradus's BLAS and numba pools,
-`torch.set_num_threads` for PyTorch); prints the medians and their ratios, the machine load before
-and after, and gradus under `kernels.ThreadTuner`, which picks the count as it goes. `--busy K`
-starts K spinning processes first (a neighbour holding a core); `--plain` adds gradus without its
-hand-written kernels (`gradus.kernels.disabled()`) as a third side; `--no-kernels` runs gradus
-without them only.
+alternation at each thread count n (`gradus.kernels.set_threads(n)`: gradus splits the batch over
+n threads, `train.data_parallel`; `torch.set_num_threads(n)`: PyTorch splits each operation);
+prints the medians and their ratios, the machine load before and after, and gradus under
+`kernels.ThreadTuner`, which picks the count as it goes. `--busy K` starts K spinning processes
+first (a neighbour holding a core); `--plain` adds gradus without its hand-written kernels
+(`gradus.kernels.disabled()`); `--blas` adds gradus on one thread with n BLAS threads (how it ran
+before data parallelism); `--no-kernels` runs gradus without the kernels only.
 
-Run: python exempla/benchmarks/gpt_step.py [--threads 1 2] [--rounds 20] [--busy K] [--plain]
-     [--no-kernels]
+Run: python exempla/benchmarks/gpt_step.py [--threads 1 2] [--rounds 8] [--block 4] [--busy K]
+     [--plain] [--blas] [--no-kernels]
 """
 import argparse, contextlib, os, platform, time
 import numpy as np
 
 
-def gradus_step_fn(cfg, seed=0):
+def gradus_step_fn(cfg, seed=0, parallel=True):
+    """gradus's step; `parallel`: the batch split over `kernels.threads()` threads
+    (`train.data_parallel`), else one thread with BLAS splitting each product."""
     import gradus as gd
-    from gradus import gpt, random, optim, loss as L
+    from gradus import gpt, random, optim, train, loss as L
     mcfg = gpt.GPTConfig(cfg['vocab'], cfg['block'], cfg['layers'], cfg['heads'], cfg['width'])
     params = gpt.init(random.key(seed), mcfg)
     opt = optim.adamw(1e-3, betas=(0.9, 0.99), weight_decay=0.1, mask=optim.decay_mask)
     state = {'params': params, 'opt': opt.init(params)}
     vg = gd.value_and_grad(lambda p, x, y: L.cross_entropy(gpt.apply(p, x, mcfg), y))
+    if parallel: vg = train.data_parallel(vg, (None, 0, 0))
     def step(x, y):
         loss, g = vg(state['params'], x, y)
         g, _ = optim.clip_by_global_norm(g, 1.0)
@@ -89,14 +93,16 @@ def busy_loops(n):
     return [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(n)]
 
 
-def alternate(sides, batches, threads, warmup=3):
-    """Median ms of each `(name, step)` in `sides` at each count in `threads`: every round runs each
-    side once at each count, in turn, so that a change of machine load falls on all of them; the
-    order rotates every round, so that no side always follows PyTorch (whose OpenMP threads spin
-    for a while after each parallel region)."""
+def alternate(sides, batches, threads, block=4, warmup=1):
+    """Median ms of each `(name, step)` in `sides` at each count in `threads`. Every round runs
+    each side for `block` steps in a row at each count, in turn, so that a change of machine load
+    falls on all of them; the first step of a block is not timed (a library's threads left
+    spinning by the side before, PyTorch's OpenMP pool or OpenBLAS's, slow it), and the order
+    rotates every round. The first `warmup` rounds are not timed."""
     from gradus import kernels
     times = {(name, n): [] for name, _ in sides for n in threads}
-    for r, (x, y) in enumerate(batches):
+    rounds = len(batches) // block
+    for r in range(rounds):
         for n in threads:
             k = r % len(sides)
             for name, step in sides[k:] + sides[:k]:
@@ -104,10 +110,12 @@ def alternate(sides, batches, threads, warmup=3):
                 if name == 'torch':
                     import torch
                     torch.set_num_threads(n)
-                t0, c0 = time.perf_counter(), time.process_time()
-                step(x, y)
-                if r >= warmup:
-                    times[name, n].append((time.perf_counter() - t0, time.process_time() - c0))
+                for j, (x, y) in enumerate(batches[r * block:(r + 1) * block]):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    step(x, y)
+                    if r >= warmup and j > 0:
+                        times[name, n].append((time.perf_counter() - t0,
+                                               time.process_time() - c0))
     return {k: 1000 * np.median(v, axis=0) for k, v in times.items()}   # (wall, cpu) ms
 
 
@@ -124,17 +132,20 @@ def tuned(step, batches, max_threads, warmup=3):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--threads', type=int, nargs='+', default=[1, 2])
-    ap.add_argument('--rounds', type=int, default=20)
+    ap.add_argument('--rounds', type=int, default=8)
+    ap.add_argument('--block', type=int, default=4, help='steps in a row per side and round')
     ap.add_argument('--busy', type=int, default=0, help='background busy-loop processes')
     ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.kernels')
     ap.add_argument('--plain', action='store_true',
                     help='also run the step without the kernels, alternating with the others')
+    ap.add_argument('--blas', action='store_true',
+                    help='also run gradus on one thread with n BLAS threads (no data parallel)')
     a = ap.parse_args()
     from gradus import kernels
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64)))
-               for _ in range(a.rounds + 3)]
+               for _ in range((a.rounds + 1) * a.block)]
     print(f"machine: {platform.machine()} cpus={os.cpu_count()} numpy={np.__version__} "
           f"kernels={'off' if a.no_kernels else 'on'} busy loops={a.busy}")
     procs = busy_loops(a.busy)
@@ -147,13 +158,14 @@ def main():
             def plain_step(x, y):
                 with kernels.disabled(): return plain(x, y)
             sides.append(('gradus-plain', plain_step))
+        if a.blas: sides.append(('gradus-blas', gradus_step_fn(cfg, parallel=False)))
         try:
             import torch
             sides.append(('torch', torch_step_fn(cfg)))
         except ImportError:
             print("torch not importable: no comparator this run")
         with kernels.disabled() if a.no_kernels else contextlib.nullcontext():
-            med = alternate(sides, batches, a.threads)
+            med = alternate(sides, batches, a.threads, a.block)
             tune = tuned(sides[0][1], batches, max(a.threads)) if len(a.threads) > 1 else None
         print("medians of wall time and of this process's CPU time per step (the CPU time of"
               " one thread is the steadier figure on a shared machine)")
@@ -162,13 +174,14 @@ def main():
                 w, c = med['torch', n]
                 print(f"threads={n}  torch         {w:7.1f} ms wall {c:7.1f} ms cpu (PyTorch "
                       f"{torch.__version__} eager)")
-            for name in ('gradus', 'gradus-plain'):
+            for name in ('gradus', 'gradus-plain', 'gradus-blas'):
                 if (name, n) not in med: continue
                 (w, c), vs = med[name, n], ''
                 if ('torch', n) in med:
                     tw, tc = med['torch', n]
                     vs = f"  gradus/torch {w / tw:.2f}x wall {c / tc:.2f}x cpu"
-                what = 'no kernels' if name == 'gradus-plain' else 'as run'
+                what = {'gradus': 'data parallel', 'gradus-plain': 'data parallel, no kernels',
+                        'gradus-blas': 'one thread, BLAS threads'}[name]
                 print(f"threads={n}  {name:13s} {w:7.1f} ms wall {c:7.1f} ms cpu ({what}){vs}")
         if tune:
             ms, counts = tune
