@@ -9,7 +9,7 @@ __all__ = ['batches', 'random_windows', 'accuracy', 'perplexity', 'TrainState', 
            'CheckpointError', 'save_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/13_train.ipynb #e9320935
-import math, time, weakref
+import math, os, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 import numpy as np
@@ -171,9 +171,11 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
 _POOLS = {}
 
 def _pool(n):
-    "A pool of `n` worker threads, made once per `n` and kept (idle workers sleep)."
-    if n not in _POOLS: _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix='gradus-shard')
-    return _POOLS[n]
+    """A pool of `n` worker threads, made once per `n` and process (a forked child has none of its
+    parent's threads) and kept; idle workers sleep."""
+    key = (os.getpid(), n)
+    if key not in _POOLS: _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix='gradus-shard')
+    return _POOLS[key]
 
 def _batch_size(args, in_axes):
     """The leading size shared by the arguments cut along axis 0. Raises `ValueError` for a bad
