@@ -43,7 +43,7 @@ def causal_mask(t_q, t_k=None, offset=None, window=None):
 # %% ../nbs/14_attention.ipynb #attk2kern
 @njit(cache=True, nogil=True)
 def _causal_shift(s, scale, offset, out):
-    "`out = scale · s − (the row's visible max)` on the causal rows of `s` `(n, t_q, t_k)`, 0 after."
+    "`out = scale · s − (the row's visible max)` on the causal rows of `s` `(n, t_q, t_k)`; 0 after"
     n, tq, tk = s.shape
     for b in range(n):
         for i in range(tq):
