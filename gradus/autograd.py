@@ -15,7 +15,7 @@ from .dtype import DTypeError
 from .shape import ShapeError
 from .tensor import Tracer, Primitive
 from .pytree import (TreeDef, tree_flatten, tree_unflatten, tree_leaves, tree_map,
-                           tree_flatten_with_path)
+                           tree_flatten_with_path, tree_unflattener)
 from .graph import (Var, Graph, dce, jit, _trace_flat, _avals, _as_leaf,
                           _Transformed, _run, _compile)
 from . import fuse as _fuse  # noqa: F401  (installs the fusion pass in graph's compiler)
@@ -124,10 +124,8 @@ def value_and_grad(f, argnums=0, has_aux=False, static_argnums=(), fuse=None):
         if has_aux and (out_td.kind != 'tuple' or len(out_td.children) != 2):
             raise ValueError(f"grad(has_aux=True): {_fname(orig)} must return a pair (loss, aux)")
         grad_td = TreeDef('tuple', None, tuple(td.children[i] for i in dyn))
-        def post(outs):
-            grads = tree_unflatten(grad_td, outs[n_out:])
-            grads = grads[0] if isinstance(argnums, int) else grads
-            return tree_unflatten(out_td, outs[:n_out]), grads
+        if isinstance(argnums, int): grad_td = grad_td.children[0]
+        post = tree_unflattener(TreeDef('tuple', None, (out_td, grad_td)))  # (value, grads)
         return dce(graph), post, captured
     return _Transformed(f, 'value_and_grad', build, static, fuse)
 

@@ -14,7 +14,7 @@ import numpy as np
 from . import dtype as D
 from .tensor import Primitive
 from .ops import _GELU_A, _GELU_C, _GELU_CLIP
-from .graph import (Var, Lit, Eqn, Graph, install_fuser, _namespace, _body_lines,
+from .graph import (Var, Lit, Eqn, Graph, install_fuser, _namespace, _body_lines, _inlined,
                           _return_line, _atom_src)
 
 # %% ../nbs/06_fuse.ipynb #61694630
@@ -26,10 +26,12 @@ def _instrumented(g, name='profiled'):
     """`(fn, times, lines, labels)`: graph `g` compiled like `compile_graph`, each line (an
     equation's, or a `del` that frees arrays) wrapped in clock reads that add its seconds to
     `times[k]`; `lines[k]` is its source, `labels[k]` its primitive ('fused', 'del')."""
-    nm, consts, ns = g.names(), {}, _namespace()
+    inlined = _inlined(g)
+    nm, consts, ns = g.names(skip=inlined), {}, _namespace()
     ns.update({e.prim.name: e.prim.impl for e in g.eqns if getattr(e.prim, 'source', None)})
     def atom(x): return _atom_src(x, nm, consts)
-    body, out, lines, labels, eqns = _body_lines(g, nm, atom, ns), [], [], [], iter(g.eqns)
+    body, out, lines, labels = _body_lines(g, nm, atom, ns), [], [], []
+    eqns = iter([e for e in g.eqns if e.out.n not in inlined])
     for line in body:
         out.append(f"    _t = _clock(); {line.strip()}; _times[{len(lines)}] += _clock() - _t")
         lines.append(line.strip())

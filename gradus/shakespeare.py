@@ -301,8 +301,9 @@ def run(cfg=RunConfig(), resume=False, progress=True, log=print, fit=None):
     metrics = _MetricsLog(out, records, state.step)
     def eval_fn(params):   # evaluation happens inside the step about to be logged
         return metrics.timed_eval(lambda: evaluate(params, metrics.step + 1))
-    # numpy backend: each step's batch split over kernels.threads() threads (train.data_parallel)
-    split = {'in_axes': (0, 0, 'key')} if fit is train.fit else {}
+    # numpy backend without dropout: each step's batch split over kernels.threads() threads
+    # (train.data_parallel); shards would draw other dropout masks than the whole batch
+    split = {'in_axes': (0, 0, None)} if fit is train.fit and not drop else {}
     try:
         state, _ = fit(loss_fn, state, opt, get_batch, cfg.iters, clip_norm=cfg.grad_clip,
                        eval_fn=eval_fn, eval_every=cfg.eval_interval, callback=metrics,

@@ -402,13 +402,15 @@ def max(x, axis=None, keepdims=False):
 
 # %% ../nbs/02_tensor.ipynb #3243457f
 def _transpose_vjp(ct, out, x, axes): return (transpose(ct, tuple(np.argsort(axes).tolist())),)
+def _transpose_src(a, p):  # a 2-D transpose as `.T`
+    return f"{a[0]}.T" if p['axes'] == (1, 0) else f"{a[0]}.transpose({p['axes']})"
 
 _reshape_p = Primitive('reshape', lambda x, shape: np.reshape(x, shape),
                        lambda x, shape: (shape, x.dtype),
                        lambda ct, out, x, shape: (reshape(ct, x.shape),), '{0}.reshape({shape})')
 _transpose_p = Primitive('transpose', lambda x, axes: np.transpose(x, axes),
                          lambda x, axes: (tuple(x.shape[a] for a in axes), x.dtype),
-                         _transpose_vjp, '{0}.transpose({axes})')
+                         _transpose_vjp, _transpose_src)
 _broadcast_to_p = Primitive('broadcast_to', lambda x, shape: np.broadcast_to(x, shape),
                             lambda x, shape: (shape, x.dtype),
                             lambda ct, out, x, shape: (_unbroadcast(ct, x),),

@@ -3,9 +3,11 @@
 Comparators, all measured here:
   forward   - the plain numpy forward of the same loss (no gradient)
   manual    - a hand-written numpy forward + backward (what a person would write without autodiff)
+  matmuls   - the five matrix products of that forward + backward alone, on precomputed operands:
+              a floor no forward + backward on numpy can go under
   gradus    - gd.value_and_grad(loss), cached (trace/compile excluded: one warm-up call), with the
               fusion pass of gradus.fuse (the default) and without it (fuse=False)
-Prints median microseconds per call and the ratios gradus/forward and gradus/manual; the four sides
+Prints median microseconds per call and the ratios gradus/forward and gradus/manual; the five sides
 alternate within each round. The 1-minute load average is printed before and after.
 
 Run: python exempla/benchmarks/mlp_overhead.py [--repeat 300] [--threads N]
@@ -34,6 +36,11 @@ def manual_np(p, x, y):
     dd = 2 * d / d.size
     dh = (dd @ p['w2'].T) * (1 - h * h)
     return value, {'w1': x.T @ dh, 'b1': dh.sum(0), 'w2': h.T @ dd, 'b2': dd.sum(0)}
+
+
+def matmuls_np(p, x, h, dd, dh):
+    "The matrix products of `manual_np` alone: two forward, three backward."
+    return x @ p['w1'], h @ p['w2'], dd @ p['w2'].T, h.T @ dd, x.T @ dh
 
 
 def setup(batch, din, width, dout, seed=0):
@@ -69,15 +76,20 @@ def main():
     for name, shape in cases:
         p, x, y = setup(*shape)
         mv, mg = manual_np(p, x, y)
+        h = np.tanh(x @ p['w1'] + p['b1'])
+        dd = 2 * (h @ p['w2'] + p['b2'] - y) / y.size
+        dh = (dd @ p['w2'].T) * (1 - h * h)
         for f in (vg, vg_off):
             v, g = f(p, x, y)
             assert np.allclose(v, mv, rtol=1e-5)
             assert all(np.allclose(g[k], mg[k], rtol=1e-4, atol=1e-6) for k in g)
-        t_fwd, t_man, t_gd, t_off = median_us([lambda: forward_np(p, x, y),
-                                               lambda: manual_np(p, x, y), lambda: vg(p, x, y),
-                                               lambda: vg_off(p, x, y)], a.repeat)
+        t_fwd, t_man, t_mm, t_gd, t_off = median_us(
+            [lambda: forward_np(p, x, y), lambda: manual_np(p, x, y),
+             lambda: matmuls_np(p, x, h, dd, dh), lambda: vg(p, x, y), lambda: vg_off(p, x, y)],
+            a.repeat)
         print(f"{name}: forward {t_fwd:.1f} us | manual fwd+bwd {t_man:.1f} us "
-              f"| gradus value_and_grad {t_gd:.1f} us (fuse=False {t_off:.1f} us) "
+              f"| its 5 matmuls alone {t_mm:.1f} us ({t_mm / t_fwd:.2f}x forward)\n"
+              f"  gradus value_and_grad {t_gd:.1f} us (fuse=False {t_off:.1f} us) "
               f"| gradus/forward {t_gd / t_fwd:.2f}x (fuse=False {t_off / t_fwd:.2f}x) "
               f"| gradus/manual {t_gd / t_man:.2f}x")
     print(f"load(1 min) after: {os.getloadavg()[0]:.2f}")
