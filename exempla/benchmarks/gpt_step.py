@@ -9,10 +9,12 @@ prints the medians and their ratios, the machine load before and after, and grad
 `kernels.ThreadTuner`, which picks the count as it goes. `--busy K` starts K spinning processes
 first (a neighbour holding a core); `--plain` adds gradus without its hand-written kernels
 (`gradus.kernels.disabled()`); `--blas` adds gradus on one thread with n BLAS threads (how it ran
-before data parallelism); `--no-kernels` runs gradus without the kernels only.
+before data parallelism); `--no-kernels` runs gradus without the kernels only. The process keeps
+freed arrays on glibc's heap (`kernels.keep_arrays_on_the_heap`), as `gradus shakespeare` does; both
+libraries allocate through that `malloc` (`--malloc-default` leaves it as it is).
 
 Run: python exempla/benchmarks/gpt_step.py [--threads 1 2] [--rounds 8] [--block 4] [--busy K]
-     [--plain] [--blas] [--no-kernels]
+     [--plain] [--blas] [--no-kernels] [--malloc-default]
 """
 import argparse, contextlib, os, platform, time
 import numpy as np
@@ -138,10 +140,13 @@ def main():
     ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.kernels')
     ap.add_argument('--plain', action='store_true',
                     help='also run the step without the kernels, alternating with the others')
+    ap.add_argument('--malloc-default', action='store_true',
+                    help="leave glibc's malloc thresholds as they are")
     ap.add_argument('--blas', action='store_true',
                     help='also run gradus on one thread with n BLAS threads (no data parallel)')
     a = ap.parse_args()
     from gradus import kernels
+    if not a.malloc_default: kernels.keep_arrays_on_the_heap()   # as `gradus shakespeare` runs
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64)))
