@@ -32,10 +32,12 @@ def _fused_and_unfused(f, args):
     entry, leaves = gd.value_and_grad(s, argnums=tuple(range(len(args))), fuse=False).lower(*args)
     fused = F.fuse(entry.graph, min_size=0, transcendental=True)
     n_kernels = sum(isinstance(e.prim, F.Kernel) for e in fused.eqns)
+    TOTALS[f] = sum(isinstance(e.prim, F.Kernel) and any(m.prim.name in F.REDUCTIONS
+                                                         for m in e.prim.eqns) for e in fused.eqns)
     return entry.compiled.fn(*leaves), G.compile_graph(fused).fn(*leaves), n_kernels
 
 
-KERNELS = {}
+KERNELS, TOTALS = {}, {}
 
 
 @pytest.mark.parametrize('dtype', [np.float64, np.float32])
@@ -59,6 +61,7 @@ def test_sweep_fused_something():
     if not KERNELS: pytest.skip("run with the sweep above (it records the kernel counts)")
     fused = [n for (n, d), k in KERNELS.items() if k and d == np.float64]
     assert len(fused) >= 25, fused
+    assert sum(1 for k in TOTALS.values() if k) >= 10, TOTALS      # kernels ending in a row total
 
 
 def test_cycle_rule_and_order():
