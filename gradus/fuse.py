@@ -236,11 +236,12 @@ def _loops(rank, body, stores, before=(), after=()):
 def _key(x): return x.n if isinstance(x, Var) else ('const', id(x.value))
 
 # %% ../nbs/06_fuse.ipynb #54558764
-_TOTAL = {'sum': ('0.0', '{r} += {t}'),                    # float64 running totals, cast at the store
-          'max': ('-np.inf', '{r} = {t} if {t} > {r} or {t} != {t} else {r}')}   # NaN wins
+# row totals run in float64 and are cast when stored; in a max, NaN wins
+_TOTAL = {'sum': ('0.0', '{r} += {t}'),
+          'max': ('-np.inf', '{r} = {t} if {t} > {r} or {t} != {t} else {r}')}
 
 def _row_index(v, rank):
-    "Where a row total `v` (keepdims or not) is stored: the outer loop indices, `0` for a kept axis."
+    "Where a row total `v` (keepdims or not) is stored: the outer loop indices, 0 for a kept axis."
     idx = [f"i{d}" for d in range(rank - 1)] + (['0'] if len(v.shape) == rank else [])
     return '[' + ', '.join(idx) + ']' if idx else '[()]'
 
