@@ -13,6 +13,7 @@ __all__ = ['MODELS', 'FUSED_TYPES', 'HELP', 'model_path', 'Model', 'load', 'is_f
 import sys
 from pathlib import Path
 from typing import NamedTuple
+import numba
 import numpy as np
 from numba import set_num_threads
 from . import decode, engine, gguf, models, tokenizer
@@ -121,8 +122,13 @@ def _settings(args):
 
 
 def _threads(args):
-    if args.threads is not None:
-        set_num_threads(args.threads)
+    "`--threads`: numba's pool for the kernels; `ValueError` naming the value outside 1 … the cap."
+    if args.threads is None: return
+    cap = numba.config.NUMBA_NUM_THREADS
+    if not 1 <= args.threads <= cap:
+        raise ValueError(f"--threads must be between 1 and {cap} (NUMBA_NUM_THREADS), got "
+                         f"{args.threads}")
+    set_num_threads(args.threads)
 
 
 def _prompt_ids(tok, args):

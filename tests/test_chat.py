@@ -115,6 +115,9 @@ def test_chat_refusals_are_one_line(monkeypatch, capsys):
     assert any('fills the context of 64 positions' in l for l in err), err
     status, cap = _chat(monkeypatch, capsys, "hi\n", '--top-p', '2')
     assert status == 2 and len(_lines(cap.err)) == 1 and 'top_p' in cap.err
+    for bad in ('0', '999'):
+        status, cap = _chat(monkeypatch, capsys, "hi\n", '--threads', bad)
+        assert status == 2 and len(_lines(cap.err)) == 1 and f'got {bad}' in cap.err, cap.err
 
 
 @needs_model
