@@ -103,14 +103,13 @@ def eval_graph(g, args):
 # %% ../nbs/05_graph.ipynb #2382d79f
 class Trace:
     "Records the equations of one function being traced (see `trace`). Use as a context manager."
-    _counter = 0
+    _numbers = itertools.count(1)      # `next` on it is atomic: threads trace at once
     def __init__(self):
         self.eqns, self.ins, self.captures, self.alive = [], [], {}, True
     @staticmethod
     def new_var(shape, dtype):
         "A variable with a number no other variable has."
-        Trace._counter += 1
-        return Var(Trace._counter, shape, dtype)
+        return Var(next(Trace._numbers), shape, dtype)
     def new_input(self, shape, dtype):
         v = self.new_var(shape, dtype); self.ins.append(v)
         return Tracer(self, v)
@@ -199,7 +198,9 @@ def _as_gemv(e, ones, new_var):
 # %% ../nbs/05_graph.ipynb #16e61db6
 def _merged_reshape(e, made):
     """A reshape that drops the kept axes of a `keepdims` sum as that sum without `keepdims`; other
-    equations as they are."""
+    equations as they are, and a reshape to 0-d too (numpy's sum over every axis gives a scalar, the
+    reshape a 0-d array: a gradient keeps the parameter's type)."""
+    if not e.out.shape: return e
     inner = made.get(e.ins[0].n) if isinstance(e.ins[0], Var) else None
     if e.prim is not T._reshape_p or inner is None or inner.prim is not T._sum_p: return e
     x, axis = inner.ins[0], inner.params['axis']

@@ -35,11 +35,12 @@ def set_threads(n):
     _THREADS[0] = int(n)
     return int(n)
 
-_THREADS = [os.cpu_count() or 1]
+_CPUS = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else range(os.cpu_count() or 1)
+_THREADS = [len(_CPUS)]
 
 def threads():
-    """The count of the last `set_threads` (the CPU count before any): how many shards
-    `train.data_parallel` runs at once by default."""
+    """The count of the last `set_threads` (before any, the CPUs this process may run on): how many
+    shards `train.data_parallel` runs at once by default."""
     return _THREADS[0]
 
 def blas_threads():

@@ -9,7 +9,7 @@ __all__ = ['Optimizer', 'NonFiniteError', 'sgd', 'decay_mask', 'adamw_leaf_refer
            'linear_warmup', 'cosine_decay', 'warmup_cosine', 'global_norm', 'clip_by_global_norm']
 
 # %% ../nbs/12_optim.ipynb #dc2405bf
-import math
+import math, numbers
 from typing import Callable, NamedTuple
 import numpy as np
 from numba import njit
@@ -258,10 +258,11 @@ def clip_by_global_norm(grads, max_norm):
     norm of all leaves (float); leaves keep their dtypes. All-zero gradients come back unchanged.
     Raises `NonFiniteError` naming the first leaf with a NaN or inf, `ValueError` unless `max_norm >
     0`. Pascanu et al. (2013)."""
-    if not (isinstance(max_norm, (int, float)) and max_norm > 0):
-        raise ValueError(f"clip_by_global_norm: max_norm must be > 0, got {max_norm!r}")
+    if isinstance(max_norm, bool) or not (isinstance(max_norm, numbers.Real) and max_norm > 0):
+        raise ValueError(f"clip_by_global_norm: max_norm must be a number > 0, got {max_norm!r}")
     norm = global_norm(grads)
     if not math.isfinite(norm): _raise_non_finite(grads)
     if norm <= max_norm: return grads, norm
     scale = max_norm / norm
-    return tree_map(lambda g: (g * scale).astype(np.asarray(g).dtype, copy=False), grads), norm
+    return tree_map(lambda g: np.asarray(g * scale).astype(np.asarray(g).dtype, copy=False),
+                    grads), norm

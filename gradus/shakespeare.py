@@ -353,7 +353,7 @@ def add_arguments(p):
                        metavar=meta, help=f'(default {getattr(d, name)})')
     p.add_argument('--threads', type=int, default=None, metavar='N',
                    help='threads training at once, each on a shard of the batch (default: '
-                        'every core)')
+                        'every core; with --dropout, one shard)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.add_argument('--backend', choices=('numpy', 'jax'), default=d.backend,
                    help='numpy (default), or jax: the same graph lowered to XLA (gradus.lowering)')

@@ -11,7 +11,7 @@ __all__ = ['abs', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'no
            'stop_gradient', 'where', 'matmul', 'sum', 'max', 'reshape', 'transpose', 'swapaxes', 'broadcast_to', 'cast']
 
 # %% ../nbs/02_tensor.ipynb #dad81494
-import builtins, math
+import builtins, math, threading
 import numpy as np
 from . import dtype as D
 from .dtype import DTypeError, result_type
@@ -48,7 +48,17 @@ class Primitive:
 class TracerError(RuntimeError):
     "A tracer used where a concrete value is needed (Python `if`, `float()`), or after its trace."
 
-_TRACES = []  # the stack of active traces; the innermost is last
+class _TraceStack(threading.local):
+    """The stack of active traces, the innermost last: one per thread, so that threads trace
+    independently (a trace belongs to the thread that runs the function)."""
+    def __init__(self): self.stack = []
+    def append(self, t): self.stack.append(t)
+    def pop(self): return self.stack.pop()
+    def remove(self, t): self.stack.remove(t)
+    def __bool__(self): return bool(self.stack)
+    def __getitem__(self, i): return self.stack[i]
+
+_TRACES = _TraceStack()
 
 def _current_trace(t):
     if not _TRACES:

@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
-from .pytree import tree_to_dict, tree_from_dict, tree_flatten, tree_unflatten
+from .pytree import (tree_to_dict, tree_from_dict, tree_flatten, tree_unflatten, tree_leaves,
+                           tree_map)
 from .autograd import value_and_grad
-from .dtype import DTypeError
+from .dtype import DTypeError, is_float
+from .graph import _Transformed
 from .shape import ShapeError
 from . import kernels, random
 from .safetensors import save_safetensors, load_safetensors
@@ -142,7 +144,11 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
     if steps < state.step:
         raise ValueError(f"fit: steps={steps} is before the state's step {state.step}")
     vg = _value_and_grad(loss_fn)
-    if in_axes is not None: vg = data_parallel(vg, (None, *in_axes))
+    if in_axes is not None:
+        if not isinstance(in_axes, (tuple, list)):
+            raise TypeError(f"fit: in_axes must be a tuple with an entry per batch element, got "
+                            f"{in_axes!r}")
+        vg = data_parallel(vg, (None, *in_axes))
     params, opt_state, key_ = state.params, state.opt_state, state.key
     history, t0 = [], time.perf_counter()
     bar = tqdm(total=steps, initial=state.step, unit='step', disable=not progress,
@@ -151,6 +157,9 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
         for t in range(state.step, steps):
             batch = get_batch(random.fold_in(key_, t), t)
             if not isinstance(batch, (tuple, list)): batch = (batch,)
+            if in_axes is not None and len(in_axes) != len(batch):
+                raise ValueError(f"fit: in_axes {tuple(in_axes)} has {len(in_axes)} entries for a "
+                                 f"batch of {len(batch)}")
             params, opt_state, rec = _train_step(vg, opt, params, opt_state, batch, t, clip_norm)
             rec['elapsed_s'] = time.perf_counter() - t0
             evaluated = eval_fn is not None and _due(t, eval_every, steps)
@@ -177,56 +186,78 @@ def _pool(n):
     if key not in _POOLS: _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix='gradus-shard')
     return _POOLS[key]
 
+def _is_axis(ax):
+    "Whether `ax` is an `in_axes` entry: the int 0 (not `False` or `0.0`), None, or 'key'."
+    return ax is None or (type(ax) is int and ax == 0) or (type(ax) is str and ax == 'key')
+
 def _batch_size(args, in_axes):
-    """The leading size shared by the arguments cut along axis 0. Raises `ValueError` for a bad
-    `in_axes` and `ShapeError` when those arguments disagree."""
-    if len(in_axes) != len(args) or any(ax not in (0, None, 'key') for ax in in_axes):
+    """The leading size shared by every leaf of the arguments cut along axis 0. Raises `ValueError`
+    for a bad `in_axes` and `ShapeError` when those leaves disagree or have no axis."""
+    if len(in_axes) != len(args) or not all(map(_is_axis, in_axes)):
         raise ValueError(f"data_parallel: in_axes needs 0, None or 'key' for each of the "
                          f"{len(args)} arguments, got {in_axes!r}")
-    sizes = [np.shape(a)[0] if np.ndim(a) else None for a, ax in zip(args, in_axes) if ax == 0]
-    if not sizes or len(set(sizes)) != 1 or sizes[0] is None:
-        raise ShapeError(f"data_parallel: the arguments cut along axis 0 need one leading size, "
+    sizes = [np.shape(x)[0] if np.ndim(x) else None
+             for a, ax in zip(args, in_axes) if ax == 0 for x in tree_leaves(a)]
+    if not sizes or None in sizes or len(set(sizes)) != 1:
+        raise ShapeError(f"data_parallel: the leaves cut along axis 0 need one leading size, "
                          f"got {sizes}")
     return sizes[0]
 
 def _shards(args, in_axes, n, size):
-    """The arguments of each of `n` shards (axis-0 arguments cut into contiguous, near-equal
-    pieces; keys folded with the shard's index; the rest whole) and the shards' sizes."""
+    """The arguments of each of `n` shards (every leaf of an axis-0 argument cut into contiguous,
+    near-equal pieces; keys folded with the shard's index; the rest whole) and the shard sizes."""
     cuts = [size * i // n for i in range(n + 1)]
     def piece(a, ax, i):
-        if ax == 0: return a[cuts[i]:cuts[i + 1]]
+        if ax == 0: return tree_map(lambda x: x[cuts[i]:cuts[i + 1]], a)
         return random.fold_in(a, i) if ax == 'key' else a
     return [tuple(piece(a, ax, i) for a, ax in zip(args, in_axes)) for i in range(n)], np.diff(cuts)
 
 def _weighted_mean(outs, weights):
-    "Leafwise `Σᵢ wᵢ·outsᵢ` of the shards' output pytrees (in place in the first's fresh arrays)."
+    """Leafwise `Σᵢ wᵢ·outsᵢ` of the shards' output pytrees, as new arrays (an output may be a
+    view of an argument: it is never written). Raises `DTypeError` for a leaf that is not float and
+    `ShapeError` for one whose shape differs between shards (an output that is not a mean)."""
     (first, td), rest = tree_flatten(outs[0]), [tree_flatten(o)[0] for o in outs[1:]]
     mean = []
     for k, x in enumerate(first):
-        if len(set(weights)) == 1:                              # equal shards: sum, then scale
-            for r in rest: x = np.add(x, r[k], out=x if type(x) is np.ndarray else None)
-            x = x * float(weights[0]) if type(x) is not np.ndarray else np.multiply(
-                x, float(weights[0]), out=x)
+        parts = [x] + [r[k] for r in rest]
+        if not is_float(np.asarray(x).dtype):
+            raise DTypeError(f"data_parallel: output leaf {k} is {np.asarray(x).dtype}, which "
+                             f"cannot be averaged over shards")
+        if len({np.shape(p) for p in parts}) > 1:
+            raise ShapeError(f"data_parallel: output leaf {k} has shapes "
+                             f"{[np.shape(p) for p in parts]} across shards: outputs must be "
+                             f"means over the batch, not per-example values")
+        if len(set(weights)) == 1:                   # equal shards: a fresh sum, then scale it
+            acc = np.add(parts[0], parts[1])
+            for p in parts[2:]: acc += p
+            acc *= float(weights[0])
         else:
-            x = x * float(weights[0])
-            for r, w in zip(rest, weights[1:]): x = x + r[k] * float(w)
-        mean.append(x)
+            acc = parts[0] * float(weights[0])
+            for p, w in zip(parts[1:], weights[1:]): acc += p * float(w)
+        mean.append(acc)
     return tree_unflatten(td, mean)
 
 # %% ../nbs/13_train.ipynb #0d2dac18
 def data_parallel(vg, in_axes, threads=None):
-    """`vg` (a gradus `value_and_grad`, `grad` or `jit` function) run on `threads` shards of the
-    batch at once, one thread each, with BLAS limited to the calling thread
-    (`kernels.one_blas_thread`); returns the shards' outputs averaged leaf by leaf, weighted by
-    shard size. Exact up to float rounding when every output is a mean over the batch's leading
-    axis (a mean loss and its gradients). `in_axes`: per positional argument, `0` (cut along the
-    leading axis into contiguous near-equal shards), `None` (passed whole) or `'key'` (shard `i`
-    gets `random.fold_in(key, i)`). `threads`: default `kernels.threads()`; never more shards than
-    rows. Raises `TypeError` unless `vg` is a gradus transformed function, `ValueError` for a bad
-    `in_axes`, `ShapeError` when the cut arguments' leading sizes differ."""
-    if not hasattr(vg, 'lower'):
-        raise TypeError(f"data_parallel: expected a gradus value_and_grad/grad/jit function, "
-                        f"got {vg!r}")
+    """`vg` (a gradus `value_and_grad` or `jit` function) run on `threads` shards of the batch at
+    once, one thread each, with BLAS limited to the calling thread (`kernels.one_blas_thread`);
+    returns the shards' outputs averaged leaf by leaf, weighted by shard size. Exact up to float
+    rounding when every output is a **mean over the batch** (a mean loss and its gradients with
+    respect to arguments that are not cut). A sum loss comes back divided by the shard count, and
+    per-example outputs are refused where shards differ in size. `in_axes`: per positional
+    argument, `0` (every leaf cut along its leading axis into contiguous near-equal shards), `None`
+    (passed whole) or `'key'` (shard `i` gets `random.fold_in(key, i)`). `threads`: default
+    `kernels.threads()`; never more shards than rows. Raises `TypeError` for another `vg` or an
+    `in_axes` that is not a tuple, `ValueError` for a bad entry or thread count, `ShapeError`
+    when the cut leaves' leading sizes differ, `DTypeError` for an output that is not float."""
+    if not isinstance(vg, _Transformed):
+        raise TypeError(f"data_parallel: expected a gradus value_and_grad or jit function, got "
+                        f"{vg!r} (for grad, use value_and_grad and drop the value)")
+    if not isinstance(in_axes, (tuple, list)):
+        raise TypeError(f"data_parallel: in_axes must be a tuple with an entry per argument, got "
+                        f"{in_axes!r}")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ValueError(f"data_parallel: threads must be an int >= 1 or None, got {threads!r}")
     in_axes = tuple(in_axes)
     def parallel(*args):
         size = _batch_size(args, in_axes)

@@ -153,3 +153,34 @@ def test_python_scalar_arguments_take_the_compiled_path():
     assert len(vg.cache) == 1
     vg(np.ones(3, np.float32), 3.0)
     assert len(vg.cache) == 1                                        # same signature: no retrace
+
+
+def test_threads_trace_at_once():
+    """Each thread has its own stack of traces: three threads tracing fresh `value_and_grad`s at the
+    same time (a tiny switch interval to interleave them) all get the right gradients."""
+    import sys, threading
+    from gradus import ops
+    errors, before = [], sys.getswitchinterval()
+    def work(k):
+        for _ in range(30):
+            try:
+                f = gd.value_and_grad(lambda w, x: ops.mean((x @ w) ** 2 + k))
+                w, x = np.ones((3, 2)), np.arange(12.0).reshape(4, 3)
+                assert np.allclose(f(w, x)[1], x.T @ (x @ w) / 4)
+            except Exception as e: errors.append(repr(e))
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, errors[:3]
+
+
+def test_gradient_of_a_0d_parameter_is_a_0d_array():
+    "As the parameter: `simplify` keeps the reshape to 0-d (numpy's full sum gives a scalar)."
+    from gradus import ops
+    vg = gd.value_and_grad(lambda p, x: ops.mean((x * p['s'] + p['w']) ** 2))
+    _, g = vg({'s': np.array(2.0), 'w': np.ones(3)}, np.arange(3.0))
+    assert type(g['s']) is np.ndarray and g['s'].shape == () and type(g['w']) is np.ndarray

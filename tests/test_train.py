@@ -285,3 +285,47 @@ def test_fit_with_in_axes_tracks_the_one_thread_run():
         kernels.set_threads(before)
     _, one = train.fit(loss_fn, s0, opt, get_batch, 20, progress=False)
     np.testing.assert_allclose([r['loss'] for r in split], [r['loss'] for r in one], rtol=1e-4)
+
+
+def test_data_parallel_never_writes_an_argument_and_cuts_pytree_batches():
+    """An output that is a view of an argument (a reshape of the parameters) is averaged into new
+    memory; a tuple batch argument is cut leaf by leaf, not as a sequence."""
+    r = np.random.default_rng(3)
+    w, x, y = r.standard_normal((3, 2)), r.standard_normal((6, 3)), r.standard_normal((6, 2))
+    w0 = w.copy()
+    j = gd.jit(lambda w, x: (T.reshape(w, (6,)), ops.mean(x)))
+    out = train.data_parallel(j, (None, 0), threads=3)(w, x)
+    assert np.array_equal(w, w0) and np.allclose(out[0], w0.reshape(6))
+    vg = gd.value_and_grad(lambda w, b: ops.mean((b[0] @ w - b[1]) ** 2))
+    got = train.data_parallel(vg, (None, 0), threads=2)(w, (x, y))
+    want = vg(w, (x, y))
+    assert np.allclose(got[0], want[0], rtol=1e-14) and np.allclose(got[1], want[1], rtol=1e-13)
+
+
+def test_data_parallel_refuses_what_it_cannot_average():
+    r = np.random.default_rng(4)
+    w, x = r.standard_normal((3, 2)), r.standard_normal((5, 3))
+    vg = gd.value_and_grad(lambda w, x: ops.mean((x @ w) ** 2))
+    with pytest.raises(TypeError, match='value_and_grad'):
+        train.data_parallel(gd.grad(lambda w, x: ops.mean(x @ w)), (None, 0))
+    with pytest.raises(TypeError, match='in_axes'):
+        train.data_parallel(vg, 0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f'got {bad}'):
+            train.data_parallel(vg, (None, 0), threads=bad)
+    with pytest.raises(ValueError, match=r'\(None, False\)'):
+        train.data_parallel(vg, (None, False))(w, x)
+    per_row = gd.jit(lambda w, x: T.sum(x @ w, axis=1))                  # (rows,): not a mean
+    with pytest.raises(ShapeError, match='per-example'):
+        train.data_parallel(per_row, (None, 0), threads=2)(w, x)
+    count = gd.jit(lambda w, x: (ops.mean(x), np.int64(x.shape[0])))
+    with pytest.raises(DTypeError, match='int64'):
+        train.data_parallel(count, (None, 0), threads=2)(w, x)
+
+
+def test_fit_in_axes_must_match_the_batch():
+    loss_fn, get_batch, opt, s0 = _setup()
+    with pytest.raises(TypeError, match='in_axes'):
+        train.fit(loss_fn, s0, opt, get_batch, 2, progress=False, in_axes=0)
+    with pytest.raises(ValueError, match='2 entries for a batch of 3'):
+        train.fit(loss_fn, s0, opt, get_batch, 2, progress=False, in_axes=(0, 0))

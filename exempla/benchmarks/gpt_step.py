@@ -131,11 +131,18 @@ def tuned(step, batches, max_threads, warmup=3):
     return 1000 * float(np.median(ts)), counts
 
 
+def positive(text):
+    "argparse type: an int >= 1."
+    n = int(text)
+    if n < 1: raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--threads', type=int, nargs='+', default=[1, 2])
-    ap.add_argument('--rounds', type=int, default=8)
-    ap.add_argument('--block', type=int, default=4, help='steps in a row per side and round')
+    ap.add_argument('--threads', type=positive, nargs='+', default=[1, 2])
+    ap.add_argument('--rounds', type=positive, default=8)
+    ap.add_argument('--block', type=positive, default=4, help='steps in a row per side and round')
     ap.add_argument('--busy', type=int, default=0, help='background busy-loop processes')
     ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.kernels')
     ap.add_argument('--plain', action='store_true',
@@ -145,6 +152,8 @@ def main():
     ap.add_argument('--blas', action='store_true',
                     help='also run gradus on one thread with n BLAS threads (no data parallel)')
     a = ap.parse_args()
+    if a.block < 2:
+        ap.error(f"--block must be >= 2 (a block's first step is not timed), got {a.block}")
     from gradus import kernels
     if not a.malloc_default: kernels.keep_arrays_on_the_heap()   # as `gradus shakespeare` runs
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
@@ -185,7 +194,8 @@ def main():
                 if ('torch', n) in med:
                     tw, tc = med['torch', n]
                     vs = f"  gradus/torch {w / tw:.2f}x wall {c / tc:.2f}x cpu"
-                what = {'gradus': 'data parallel', 'gradus-plain': 'data parallel, no kernels',
+                split = 'data parallel' if n > 1 else 'one thread'
+                what = {'gradus': split, 'gradus-plain': f'{split}, no kernels',
                         'gradus-blas': 'one thread, BLAS threads'}[name]
                 print(f"threads={n}  {name:13s} {w:7.1f} ms wall {c:7.1f} ms cpu ({what}){vs}")
         if tune:
