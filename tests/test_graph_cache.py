@@ -184,3 +184,12 @@ def test_gradient_of_a_0d_parameter_is_a_0d_array():
     vg = gd.value_and_grad(lambda p, x: ops.mean((x * p['s'] + p['w']) ** 2))
     _, g = vg({'s': np.array(2.0), 'w': np.ones(3)}, np.arange(3.0))
     assert type(g['s']) is np.ndarray and g['s'].shape == () and type(g['w']) is np.ndarray
+
+
+def test_large_float32_sums_stay_numpys():
+    """Beyond `BLAS_SUM_MAX` terms a sum of squares stays numpy's pairwise sum: over 2e6 float32
+    values BLAS's float32 dot product is off by ~2e-6 relative, numpy's sum by ~1e-9."""
+    x = np.random.default_rng(0).standard_normal(2_000_000).astype(np.float32)
+    exact = float(np.sum(x.astype(np.float64) ** 2))
+    got = float(gd.jit(lambda x: T.sum(x ** 2))(x))
+    assert abs(got - exact) / exact < 1e-7
