@@ -255,6 +255,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gradus.graph._row_sum': ('graph.html#_row_sum', 'gradus/graph.py'),
                               'gradus.graph._run': ('graph.html#_run', 'gradus/graph.py'),
                               'gradus.graph._scalar_src': ('graph.html#_scalar_src', 'gradus/graph.py'),
+                              'gradus.graph._shared': ('graph.html#_shared', 'gradus/graph.py'),
                               'gradus.graph._short_names': ('graph.html#_short_names', 'gradus/graph.py'),
                               'gradus.graph._split_static': ('graph.html#_split_static', 'gradus/graph.py'),
                               'gradus.graph._sum_of_squares': ('graph.html#_sum_of_squares', 'gradus/graph.py'),

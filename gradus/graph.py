@@ -322,13 +322,27 @@ def _body_lines(g, nm, atom, ns):
         if dead: lines.append(f"    del {', '.join(nm[n] for n in dead)}")
     return lines
 
+_VIEWS = {'reshape', 'transpose', 'swapaxes', 'broadcast_to', 'getitem', 'stop_gradient', 'cast'}
+
+def _shared(g):
+    """Variables that may share memory with an input or an array constant: the inputs, and what
+    the view primitives make of them (a reshape, a transpose, a basic index, a cast to the same
+    dtype: numpy hands back the same buffer)."""
+    shared = {v.n for v in g.ins}
+    for e in g.eqns:
+        x = e.ins[0] if e.ins else None
+        if e.prim.name in _VIEWS and ((isinstance(x, Var) and x.n in shared)
+                                      or (isinstance(x, Lit) and x.value.ndim)):
+            shared.add(e.out.n)
+    return shared
+
 def _return_line(g, atom):
-    """`return (…,)`, copying outputs that are inputs or array constants (never hand back a caller's
-    buffer)."""
-    ins = {v.n for v in g.ins}
-    def fresh(o):
-        return (isinstance(o, Lit) and o.value.ndim) or (isinstance(o, Var) and o.n in ins)
-    outs = [atom(o) + ('.copy()' if fresh(o) else '') for o in g.outs]
+    """`return (…,)`, copying outputs that are array constants, inputs or views of them (never
+    hand back a buffer the caller owns)."""
+    shared = _shared(g)
+    def owned(o):
+        return (isinstance(o, Lit) and o.value.ndim) or (isinstance(o, Var) and o.n in shared)
+    outs = [atom(o) + ('.copy()' if owned(o) else '') for o in g.outs]
     return f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})"
 
 # %% ../nbs/05_graph.ipynb #a0d1e024

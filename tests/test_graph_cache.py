@@ -193,3 +193,18 @@ def test_large_float32_sums_stay_numpys():
     exact = float(np.sum(x.astype(np.float64) ** 2))
     got = float(gd.jit(lambda x: T.sum(x ** 2))(x))
     assert abs(got - exact) / exact < 1e-7
+
+
+def test_outputs_never_share_the_callers_memory():
+    """A compiled function copies an output that is a view of an argument (reshape, transpose,
+    index, same-dtype cast, an aux of value_and_grad), as it copies an argument returned as is."""
+    from gradus import ops
+    w = np.arange(6.0).reshape(3, 2)
+    fns = [lambda w: T.reshape(w, (6,)), lambda w: w.T, lambda w: w[0], lambda w: w,
+           lambda w: T.cast(w, np.float64)]
+    for f in fns:
+        out = gd.jit(f)(w)
+        assert not np.shares_memory(out, w)
+    vg = gd.value_and_grad(lambda w: (ops.mean(w), T.reshape(w, (6,))), has_aux=True)
+    (_, aux), _ = vg(w)
+    assert not np.shares_memory(aux, w)
