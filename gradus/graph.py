@@ -450,8 +450,10 @@ class _Transformed:
     graph for one signature; entries are compiled and cached per (treedef, shapes, dtypes, static
     arguments). Keyword arguments are static: passed as Python values, part of the cache key, never
     differentiated. `fuse` (None: the environment's `GRADUS_FUSE`) is read when an entry
-    compiles."""
+    compiles. Raises `ValueError` for a static position that is not an int >= 0."""
     def __init__(self, f, kind, build, static_argnums=(), fuse=None):
+        if not all(type(i) is int and i >= 0 for i in static_argnums):
+            raise ValueError(f"{kind}: static_argnums must be ints >= 0, got {static_argnums}")
         self.f, self.kind, self.build, self.static = f, kind, build, tuple(sorted(static_argnums))
         self.fuse = fuse
         self.cache = {}

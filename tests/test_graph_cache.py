@@ -208,3 +208,9 @@ def test_outputs_never_share_the_callers_memory():
     vg = gd.value_and_grad(lambda w: (ops.mean(w), T.reshape(w, (6,))), has_aux=True)
     (_, aux), _ = vg(w)
     assert not np.shares_memory(aux, w)
+
+
+def test_negative_static_argnums_are_refused():
+    for make in (gd.jit, gd.value_and_grad):
+        with pytest.raises(ValueError, match='static_argnums must be ints >= 0'):
+            make(lambda x, n: T.sum(x * n), static_argnums=-1)
