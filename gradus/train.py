@@ -213,9 +213,9 @@ def _shards(args, in_axes, n, size):
     return [tuple(piece(a, ax, i) for a, ax in zip(args, in_axes)) for i in range(n)], np.diff(cuts)
 
 def _weighted_mean(outs, weights):
-    """Leafwise `Σᵢ wᵢ·outsᵢ` of the shards' output pytrees, as new arrays (an output may be a
-    view of an argument: it is never written). Raises `DTypeError` for a leaf that is not float and
-    `ShapeError` for one whose shape differs between shards (an output that is not a mean)."""
+    """Leafwise `Σᵢ wᵢ·outsᵢ` of the shards' output pytrees, as new arrays (the shards' outputs are
+    not written). Raises `DTypeError` for a leaf that is not float and `ShapeError` for one whose
+    shape differs between shards (an output that is not a mean)."""
     (first, td), rest = tree_flatten(outs[0]), [tree_flatten(o)[0] for o in outs[1:]]
     mean = []
     for k, x in enumerate(first):
