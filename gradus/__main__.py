@@ -6,6 +6,6 @@
 __all__ = []
 
 # %% ../nbs/30_main.ipynb #8deab194
-from .cli import main
+from .jobs.cli import main
 
 if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())

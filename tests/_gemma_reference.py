@@ -1,4 +1,4 @@
-"""An independent float32 numpy Gemma 3 (text decoder) for testing `gradus.models`.
+"""An independent float32 numpy Gemma 3 (text decoder) for testing `gradus.lm.models`.
 
 Written from the architecture's description, sharing no code with gradus: the GGUF is read with the
 `gguf` package's `GGUFReader` and every tensor decoded with `gguf.quants.dequantize`. The forward is

@@ -1,5 +1,5 @@
 """Independent references for the losses: exact decimal arithmetic (Python's `decimal`, 80
-significant digits), written from the definitions, sharing no code with `gradus.loss`.
+significant digits), written from the definitions, sharing no code with `gradus.learn.loss`.
 
 Each function takes float arrays (any float dtype; each value is read exactly) and returns Python
 `Decimal`s: the value and the gradient of the *sum* over rows/elements (divide by the count for a

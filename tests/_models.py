@@ -4,7 +4,8 @@ import pytest
 
 
 def find(path_of, name):
-    """`(path or None, skipif mark)` for the model file `path_of()` finds (a `gradus.gguf` `*_path`
+    """`(path or None, skipif mark)` for the model file `path_of()` finds (a `gradus.formats.gguf`
+    `*_path`
     function); the mark's reason is the finder's own message, which names the install command."""
     try:
         path, why = path_of(), ''

@@ -1,11 +1,12 @@
 """Attention against references written separately from gradus: masks and attention as plain loops,
 RoPE in both pairing conventions from their textbook formulas, grouped-query attention with the head
 mapping spelled out, and the transformer block as plain numpy. No reference shares code with
-gradus.attention."""
+gradus.transformer.attention."""
 import math
 import numpy as np
 import pytest
-from gradus import attention as A, random
+from gradus.transformer import attention as A
+from gradus.learn import random
 
 RNG = np.random.default_rng(1234)
 

@@ -1,4 +1,4 @@
-"""`gradus chat` and the model flags of `gradus generate` (`gradus.chat`, `gradus.cli`).
+"""`gradus chat` and the model flags of `gradus generate` (`gradus.lm.chat`, `gradus.jobs.cli`).
 
 The chat's claim is that keeping the KV cache across turns changes nothing but the work: the second
 turn prefills only the tokens its rendering adds, and its reply is the one the model gives for the
@@ -14,9 +14,10 @@ import sys
 import numpy as np
 import pytest
 
-from gradus import chat, decode, gguf as G, models
-from gradus.cli import main
-from gradus.quants import GGMLType
+from gradus.lm import chat, decode, models
+from gradus.formats import gguf as G
+from gradus.jobs.cli import main
+from gradus.formats.quants import GGMLType
 from _models import find
 
 MODEL, needs_model = find(G.smollm2_path, 'SmolLM2')
@@ -216,7 +217,8 @@ def test_gemma3_generates_on_models_stepper(capsys):
 
 
 def test_cli_does_not_import_jax():
-    "`gradus.lowering` (and jax with it) is imported only for `--backend jax`."
-    code = "import sys, gradus.cli; print(sorted({'jax', 'gradus.lowering'} & set(sys.modules)))"
+    "`gradus.scale.lowering` (and jax with it) is imported only for `--backend jax`."
+    code = ("import sys, gradus.jobs.cli; "
+            "print(sorted({'jax', 'gradus.scale.lowering'} & set(sys.modules)))")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == '[]', r.stdout

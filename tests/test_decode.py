@@ -4,11 +4,11 @@ streaming, decode parity of the GPT, the bottom-right causal mask."""
 
 import numpy as np
 import pytest
-from gradus import gpt
-from gradus import random as R
-from gradus.attention import causal_mask
-from gradus.pytree import tree_map
-from gradus.decode import (
+from gradus.transformer import gpt
+from gradus.learn import random as R
+from gradus.transformer.attention import causal_mask
+from gradus.core.pytree import tree_map
+from gradus.lm.decode import (
     CacheError,
     KVCache,
     GenerationConfig,
@@ -20,7 +20,7 @@ from gradus.decode import (
     gpt_step,
     generate_gpt,
 )
-from gradus.sampling import (
+from gradus.lm.sampling import (
     STOP_REASONS,
     apply_penalties,
     keep_top_k,
@@ -28,8 +28,8 @@ from gradus.sampling import (
     keep_min_p,
     sampler_stages,
 )
-from gradus.shape import ShapeError
-from gradus.tokenizer import BPETokenizer, CharTokenizer, byte_to_unicode
+from gradus.errors import ShapeError
+from gradus.formats.tokenizer import BPETokenizer, CharTokenizer, byte_to_unicode
 
 rng = np.random.default_rng(0)
 rows = lambda n, h=2, d=3: rng.standard_normal((h, n, d)).astype(np.float32)

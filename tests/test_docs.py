@@ -229,7 +229,7 @@ def test_search_finds_an_api_name(seen):
     home = _defining_notebook('logsumexp')
     assert home, 'no notebook defines logsumexp'
     results = seen['search.html?q=logsumexp']['results']
-    assert any(h.split('#')[0].endswith(f'{home}.html') and h.endswith('#gradus.ops.logsumexp')
+    assert any(h.split('#')[0].endswith(f'{home}.html') and h.endswith('#gradus.core.ops.logsumexp')
                for h in results), results
 
 

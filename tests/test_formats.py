@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np, ml_dtypes, pytest
 import gguf, safetensors, safetensors.numpy
 from gguf import GGMLQuantizationType as GQ
-from gradus import gguf as G, quants as Q, safetensors as st
-from gradus.pytree import tree_to_dict, tree_from_dict
-from gradus.safetensors import FormatError
-from gradus.quants import GGMLType, BLOCK
+from gradus.formats import gguf as G, quants as Q, safetensors as st
+from gradus.core.pytree import tree_to_dict, tree_from_dict
+from gradus.errors import FormatError
+from gradus.formats.quants import GGMLType, BLOCK
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
 
@@ -522,7 +522,7 @@ def test_cli_refuses_bad_file(tmp_path):
     assert run_cli('nope').returncode == 2
 
 def test_manifest_smollm2(smollm2):
-    from gradus.cli import main
+    from gradus.jobs.cli import main
     import io, contextlib
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf): assert main(['inspect', str(smollm2)]) == 0

@@ -1,4 +1,5 @@
-"""The fusion pass of gradus.fuse: fused equals unfused over the gradcheck sweep (float64 to 1e-12,
+"""The fusion pass of gradus.core.fuse: fused equals unfused over the gradcheck sweep (float64 to
+1e-12,
 float32 to 1e-5, relative to the largest magnitude of each output), a short GPT training run with
 fusion on and off, the switches, the dtype rule, the disk cache read by a second process, and the
 profiler."""
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 import ml_dtypes
 import gradus as gd
-from gradus import tensor as T
-from gradus import fuse as F, graph as G
-from gradus.pytree import tree_map, tree_leaves, tree_flatten, tree_unflatten
+from gradus.core import tensor as T
+from gradus.core import fuse as F, graph as G
+from gradus.core.pytree import tree_map, tree_leaves, tree_flatten, tree_unflatten
 from test_gradcheck import CASES
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -96,7 +97,8 @@ def test_switches_and_dtypes(monkeypatch):
 
 
 def _tiny_gpt():
-    from gradus import gpt, random, loss as L
+    from gradus.transformer import gpt
+    from gradus.learn import random, loss as L
     cfg = gpt.GPTConfig(65, 16, 2, 2, 32)
     params = gpt.init(random.key(0), cfg)
     tok = np.random.default_rng(0).integers(0, 65, (2, 4, 17))     # two batches, alternating
@@ -130,7 +132,7 @@ def test_gpt_training_fused_equals_unfused(monkeypatch):
 
 _CHILD = textwrap.dedent("""
     import json, numpy as np, gradus as gd
-    from gradus import tensor as T, fuse as F
+    from gradus.core import tensor as T, fuse as F
     def f(x): return T.sum(T.exp(T.tanh(x * 3.0 - 1.0)) * x)
     x = np.linspace(-1, 1, 8192).reshape(64, 128)
     vg = gd.value_and_grad(f, fuse=True)

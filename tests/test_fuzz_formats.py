@@ -5,8 +5,8 @@ only a real hang reaches guards the loop. No verdict depends on how fast the mac
 import builtins, contextlib, json, signal, struct, sys, time, tracemalloc
 from pathlib import Path
 import numpy as np, pytest
-from gradus import gguf as G, safetensors as st
-from gradus.safetensors import FormatError
+from gradus.formats import gguf as G, safetensors as st
+from gradus.errors import FormatError
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
 

@@ -1,8 +1,9 @@
-"""Gemma 3 270M run by `gradus.models` against an independent float32 numpy Gemma 3
+"""Gemma 3 270M run by `gradus.lm.models` against an independent float32 numpy Gemma 3
 (`_gemma_reference.py`, which reads the GGUF with the `gguf` package and shares no code with
 gradus); each decision the file does not state, pinned.
 
-Token ids come from `gradus.tokenizer` (SentencePiece from the file's vocabulary, `add_bos=True`);
+Token ids come from `gradus.formats.tokenizer` (SentencePiece from the file's vocabulary,
+`add_bos=True`);
 the comparison does not depend on them, since both sides run the same ids.
 """
 
@@ -14,8 +15,9 @@ import pytest
 
 import _gguf_build as B
 
-from gradus import decode, gguf as G, models, tokenizer as TK
-from gradus.safetensors import FormatError
+from gradus.lm import decode, models
+from gradus.formats import gguf as G, tokenizer as TK
+from gradus.errors import FormatError
 from _models import find
 
 gguf = pytest.importorskip('gguf', reason="the independent reference reads GGUF with `gguf`")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import ml_dtypes
 import gradus as gd
-from gradus import tensor as T
-from gradus import ops
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.core import tensor as T
+from gradus.core import ops
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 rng = np.random.default_rng(0)
 r = lambda *s: rng.standard_normal(s)

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import graph as G, pytree as P, tensor as T, ops
+from gradus.core import graph as G, pytree as P, tensor as T, ops
 
 
 class Pair(NamedTuple):
@@ -159,7 +159,7 @@ def test_threads_trace_at_once():
     """Each thread has its own stack of traces: three threads tracing fresh `value_and_grad`s at the
     same time (a tiny switch interval to interleave them) all get the right gradients."""
     import sys, threading
-    from gradus import ops
+    from gradus.core import ops
     errors, before = [], sys.getswitchinterval()
     def work(k):
         for _ in range(30):
@@ -180,7 +180,7 @@ def test_threads_trace_at_once():
 
 def test_gradient_of_a_0d_parameter_is_a_0d_array():
     "As the parameter: `simplify` keeps the reshape to 0-d (numpy's full sum gives a scalar)."
-    from gradus import ops
+    from gradus.core import ops
     vg = gd.value_and_grad(lambda p, x: ops.mean((x * p['s'] + p['w']) ** 2))
     _, g = vg({'s': np.array(2.0), 'w': np.ones(3)}, np.arange(3.0))
     assert type(g['s']) is np.ndarray and g['s'].shape == () and type(g['w']) is np.ndarray
@@ -198,7 +198,7 @@ def test_large_float32_sums_stay_numpys():
 def test_outputs_never_share_the_callers_memory():
     """A compiled function copies an output that is a view of an argument (reshape, transpose,
     index, same-dtype cast, an aux of value_and_grad), as it copies an argument returned as is."""
-    from gradus import ops
+    from gradus.core import ops
     w = np.arange(6.0).reshape(3, 2)
     fns = [lambda w: T.reshape(w, (6,)), lambda w: w.T, lambda w: w[0], lambda w: w,
            lambda w: T.cast(w, np.float64)]

@@ -1,12 +1,14 @@
 """The hand-written kernels (nn's row norm, attention's causal softmax) against their plain
 references; their derivatives against central differences; the thread helpers of
-gradus.kernels; and a 50-step training run with and without the kernels."""
+gradus.core.kernels; and a 50-step training run with and without the kernels."""
 import time
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import tensor as T, ops, nn, optim, kernels, gpt, random as R, loss as L
-from gradus import attention as A
+from gradus.core import tensor as T, ops, kernels
+from gradus.learn import nn, optim, random as R, loss as L
+from gradus.transformer import gpt
+from gradus.transformer import attention as A
 
 rng = np.random.default_rng(0)
 

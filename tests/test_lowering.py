@@ -1,4 +1,4 @@
-"""gradus.lowering: every primitive's JAX rule against gradus eager; `jax.grad` of the lowered
+"""gradus.scale.lowering: every primitive's JAX rule against gradus eager; `jax.grad` of the lowered
 forward as an independent oracle for gradus's generated backward; errors; the lowered training
 step against the numpy step; the data-parallel steps on 8 simulated devices and `gradus
 shakespeare --backend jax --devices 2` (in subprocesses, so this process keeps its own XLA device
@@ -11,11 +11,14 @@ import pytest
 jax = pytest.importorskip('jax', reason='jax is not installed (the extra: pip install -e ".[jax]")')
 import jax.numpy as jnp  # noqa: E402
 import gradus as gd  # noqa: E402
-from gradus import tensor as T, lowering as LW, nn, optim, gpt, random as R  # noqa: E402
-from gradus import attention as A  # noqa: E402
-from gradus import ops
-from gradus import loss as L  # noqa: E402
-from gradus.autograd import custom_vjp  # noqa: E402
+from gradus.core import tensor as T  # noqa: E402
+from gradus.scale import lowering as LW
+from gradus.learn import nn, optim, random as R
+from gradus.transformer import gpt
+from gradus.transformer import attention as A  # noqa: E402
+from gradus.core import ops
+from gradus.learn import loss as L  # noqa: E402
+from gradus.core.autograd import custom_vjp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 rng = np.random.default_rng(0)
@@ -111,7 +114,7 @@ def _close(a, b, rtol=2e-6, atol=2e-6):
 
 def test_every_primitive_has_a_rule_or_a_reason():
     "Each gradus primitive has a rule, or a reason in NO_RULE; the cases below cover every rule."
-    from gradus.autograd import _custom_vjp_call_p
+    from gradus.core.autograd import _custom_vjp_call_p
     names = {p.name for p in ops.PRIMITIVES} | {_custom_vjp_call_p.name, 'random_split',
                                                'random_fold_in', 'random_uniform'}
     names |= KERNEL_PRIMITIVES
@@ -291,8 +294,10 @@ MULTI = textwrap.dedent('''
     os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
     import numpy as np, jax
     import gradus as gd
-    from gradus import lowering as LW, optim, nn, random as R, tensor as T, loss as L
-    from gradus import ops
+    from gradus.scale import lowering as LW
+    from gradus.learn import optim, nn, random as R, loss as L
+    from gradus.core import tensor as T
+    from gradus.core import ops
     k = R.split(R.key(0), 3)
     params = {'emb': {'w': nn.normal(k[0], (11, 4), 0.5)}, 'w1': nn.glorot_uniform(k[1], (12, 16)),
               'b1': nn.zeros((16,)), 'w2': nn.glorot_uniform(k[2], (16, 11))}
@@ -351,8 +356,8 @@ TINY = ['--iters', '50', '--eval-interval', '50', '--eval-iters', '1', '--batch-
 
 
 def _config(argv):
-    from gradus import shakespeare as S
-    from gradus.cli import build_parser
+    from gradus.jobs import shakespeare as S
+    from gradus.jobs.cli import build_parser
     ns = build_parser().parse_args(['shakespeare', *argv])
     return S.RunConfig(**{k: getattr(ns, k) for k in S.RunConfig._fields if hasattr(ns, k)})
 
@@ -362,7 +367,7 @@ def test_shakespeare_jax_backend_tracks_numpy_over_50_steps(tmp_path):
     devices) against the numpy backend in this process: tiny model with dropout 0.1 (masks drawn on
     the host, sharded with the batch), same text and seed; the 50 training losses agree within
     float32 tolerance, and so do the final validation losses."""
-    from gradus import shakespeare as S
+    from gradus.jobs import shakespeare as S
     text = tmp_path / 'text.txt'
     text.write_text((ROOT / 'README.md').read_text(encoding='utf-8')[:20000], encoding='utf-8')
     cfg = _config(['--data', str(text), '--out', str(tmp_path / 'np'), *TINY])
@@ -386,12 +391,12 @@ def test_shakespeare_jax_backend_tracks_numpy_over_50_steps(tmp_path):
     (dict(devices=2), '--devices must be 1'),
     (dict(backend='jax', devices=5), '--batch-size must be a multiple of --devices 5')])
 def test_shakespeare_backend_settings_are_checked(kw, msg):
-    from gradus import shakespeare as S
+    from gradus.jobs import shakespeare as S
     with pytest.raises(S.ConfigError, match=msg): S.check_config(S.RunConfig(**kw))
 
 
 def test_shakespeare_jax_backend_needs_its_training_loop():
-    from gradus import shakespeare as S
+    from gradus.jobs import shakespeare as S
     with pytest.raises(S.ConfigError, match='--backend jax: pass its training loop'):
         S.run(S.RunConfig(backend='jax', out='/nonexistent/never-written'))
 
@@ -400,9 +405,10 @@ NO_JAX = textwrap.dedent('''
     import sys
     sys.modules['jax'] = None                  # as if the extra were not installed
     import numpy as np
-    from gradus import lowering, tensor as T
-    from gradus import ops
-    from gradus.cli import main
+    from gradus.scale import lowering
+    from gradus.core import tensor as T
+    from gradus.core import ops
+    from gradus.jobs.cli import main
     try: lowering.to_jax(lambda a: T.exp(a), np.ones(2, np.float32))
     except ImportError as e: print('to_jax:', e)
     print('exit', main(['shakespeare', '--backend', 'jax', '--iters', '1']))
@@ -410,10 +416,10 @@ NO_JAX = textwrap.dedent('''
 
 
 def test_without_jax_the_module_imports_and_use_says_how_to_install():
-    "gradus.lowering and the gradus command import without jax; using them names the extra."
+    "gradus.scale.lowering and the gradus command import without jax; using them names the extra."
     res = subprocess.run([sys.executable, '-c', NO_JAX], capture_output=True, text=True,
                          env=_env(), timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "to_jax: gradus.lowering needs jax: pip install 'gradus[jax]'" in res.stdout
+    assert "to_jax: gradus.scale.lowering needs jax: pip install 'gradus[jax]'" in res.stdout
     assert 'exit 1' in res.stdout
-    assert "gradus shakespeare: --backend jax: gradus.lowering needs jax" in res.stderr
+    assert "gradus shakespeare: --backend jax: gradus.scale.lowering needs jax" in res.stderr

@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import nn, random
-from gradus import tensor as T
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.learn import nn, random
+from gradus.core import tensor as T
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 
 def test_keys_reproducible_and_distinct():

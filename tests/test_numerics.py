@@ -1,4 +1,5 @@
-"""Numerical accuracy of the composite ops of `gradus.tensor` at extreme magnitudes, in their tails
+"""Numerical accuracy of the composite ops of `gradus.core.tensor` at extreme magnitudes, in their
+tails
 and with `-inf` entries (value and gradient, float32 and float64, against 50-digit mpmath
 references), and the eager shape/dtype errors of every primitive (the same `ShapeError` and
 `DTypeError` as under tracing). Issue 9, items 1 and 2 (the tensor side).
@@ -13,10 +14,10 @@ import math
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import tensor as T
-from gradus import ops
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.core import tensor as T
+from gradus.core import ops
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 mpmath = pytest.importorskip('mpmath', reason='mpmath (dev extra) gives the 50-digit references')
 mpmath.mp.dps = 50
@@ -364,7 +365,7 @@ def _rms64_vjp(x, eps, g):
 @pytest.mark.parametrize('which', ['layer_norm', 'rms_norm'])
 def test_norms_keep_relative_accuracy_at_every_magnitude(which, mag, dtype):
     "norm(m·x, eps) = norm(x, eps/m²), and its gradient is (1/m)·∇norm(x, eps/m²): no m² needed."
-    from gradus import nn
+    from gradus.learn import nn
     import gradus as gd
     base = np.random.default_rng(3).standard_normal((3, 16)) + 0.5
     fn, ref, vjp, eps = ((nn.layer_norm, _ln64, _ln64_vjp, 1e-5) if which == 'layer_norm'

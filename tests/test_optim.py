@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import optim
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.learn import optim
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 G = [np.array([0.5, -1.0]), np.array([0.25, 2.0]), np.array([-1.0, 0.0]), np.array([0.1, 0.3])]
 

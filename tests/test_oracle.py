@@ -1,7 +1,7 @@
 """Gradients agree with an independent library, the `autograd` package (HIPS), on composite
 functions.
 
-Each function is written once against a namespace `m` that is either `gradus.tensor` or
+Each function is written once against a namespace `m` that is either `gradus.core.tensor` or
 `autograd.numpy` (plus the few scipy functions autograd keeps elsewhere), so both libraries
 differentiate the same formula."""
 import types
@@ -11,8 +11,8 @@ autograd = pytest.importorskip('autograd')
 import autograd.numpy as anp
 import autograd.scipy.special as asp
 import gradus as gd
-from gradus import tensor as T
-from gradus import ops
+from gradus.core import tensor as T
+from gradus.core import ops
 
 A = types.SimpleNamespace(**{k: getattr(anp, k) for k in dir(anp) if not k.startswith('_')})
 A.erf = asp.erf
@@ -103,8 +103,8 @@ def test_hessian_vector_products_match_autograd(name):
     np.testing.assert_allclose(ours, theirs, rtol=1e-8, atol=1e-10)
 
 
-# ---- every loss of `gradus.loss` against a formula written for autograd (issue 15) ----
-from gradus import loss as L
+# ---- every loss of `gradus.learn.loss` against a formula written for autograd (issue 15) ----
+from gradus.learn import loss as L
 
 
 def _ag_log_softmax(z, axis):
@@ -153,7 +153,7 @@ LOSSES = {
 def test_every_loss_is_covered():
     prefix = {'mse': 'mse_', 'cross_entropy': 'cross_entropy_',
               'binary_cross_entropy_with_logits': 'bce_'}
-    assert set(L.__all__) == set(prefix), "a new loss in gradus.loss: add it to LOSSES"
+    assert set(L.__all__) == set(prefix), "a new loss in gradus.learn.loss: add it to LOSSES"
     for name, p in prefix.items(): assert any(k.startswith(p) for k in LOSSES), name
 
 

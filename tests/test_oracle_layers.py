@@ -9,8 +9,10 @@ autograd = pytest.importorskip('autograd')
 import autograd.numpy as anp
 import autograd.scipy.special as asp
 import gradus as gd
-from gradus import tensor as T, nn, attention as A
-from gradus import ops
+from gradus.core import tensor as T
+from gradus.learn import nn
+from gradus.transformer import attention as A
+from gradus.core import ops
 
 rng = np.random.default_rng(5)
 X = rng.standard_normal((3, 4, 5))

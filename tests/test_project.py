@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NBS = sorted((ROOT / 'nbs').glob('*.ipynb'))
+NBS = sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts)
 
 
 def test_export_changes_nothing(tmp_path):
@@ -15,13 +15,15 @@ def test_export_changes_nothing(tmp_path):
     shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     exe = Path(sys.executable).with_name('nbdev-export')
     subprocess.run([str(exe)], cwd=tmp_path, check=True, capture_output=True)
-    made = {p.name: p.read_text() for p in (tmp_path / 'gradus').glob('*.py')}
-    have = {p.name: p.read_text() for p in (ROOT / 'gradus').glob('*.py')}
+    def modules(root):
+        return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob('*.py')
+                if '__pycache__' not in p.parts}
+    made, have = modules(tmp_path / 'gradus'), modules(ROOT / 'gradus')
     drift = sorted(n for n in made.keys() | have.keys() if made.get(n) != have.get(n))
     assert not drift, f"nbdev-export changes {drift}: edit the notebooks, export, commit both"
 
 
-@pytest.mark.parametrize('nb', NBS, ids=[p.name for p in NBS])
+@pytest.mark.parametrize('nb', NBS, ids=[p.relative_to(ROOT / 'nbs').as_posix() for p in NBS])
 def test_notebook_is_clean(nb):
     "nbdev-clean would change nothing: no execution counts, no stray metadata, no output ids."
     from nbdev.clean import _nbdev_clean
@@ -51,7 +53,7 @@ def test_module_lines_within_100():
     `__all__` list (wrapped at 120 columns) and, in `__init__.py`, the package summary before
     `__version__` (one line per module description). ruff's E501 is therefore off for gradus/."""
     long = []
-    for p in sorted((ROOT / 'gradus').glob('*.py')):
+    for p in sorted((ROOT / 'gradus').rglob('*.py')):
         if p.name == '_modidx.py': continue
         in_all, summary = False, p.name == '__init__.py'
         for i, line in enumerate(p.read_text().splitlines(), 1):
@@ -71,20 +73,43 @@ def test_ruff_clean():
     assert r.returncode == 0, f"ruff check gradus tests exempla:\n{r.stdout}{r.stderr}"
 
 
-# The module graph stated in nbs/index.ipynb, as a rank per module: a module may import only
-# modules of strictly lower rank, so every edge points down and no cycle can form. Part I is the
-# chain dtype -> shape -> tensor -> autograd -> loss/random -> nn/optim -> train; attention on nn,
-# gpt on attention. The numpy-only group (safetensors < quants < gguf < spm < tokenizer) ranks below
-# dtype: it may import its own lower members and nothing of the autograd stack. decode and models
-# join the two arcs. A new module gets its rank here, at its place in that order.
-RANKS = {'safetensors': -5, 'quants': -4, 'gguf': -3, 'qkernels': -3, 'spm': -2, 'tokenizer': -1,
-         'dtype': 0, 'pytree': 0, 'shape': 1, 'tensor': 2, 'ops': 3, 'graph': 4, 'fuse': 4.5,
-         'autograd': 5, 'kernels': 5.5, 'loss': 6, 'random': 6, 'nn': 7, 'optim': 7, 'sampling': 7,
-         'train': 8, 'attention': 8,
-         'gpt': 9, 'decode': 10, 'models': 11, 'shakespeare': 11, 'lowering': 11, 'engine': 12,
-         'chat': 13, 'cli': 14, '__main__': 15}
-NUMPY_ONLY = {'safetensors', 'quants', 'gguf', 'spm', 'tokenizer', 'qkernels'}
+# The module graph stated in nbs/index.ipynb, by wing. A wing (a sub-package of gradus, a folder
+# of nbs/) may import only the wings it is stated to build on, so the two libraries stay apart:
+# `formats` (files and tokenizers, numpy only) never reaches the autodiff stack, and nothing of
+# Part I reaches Part II. Inside a wing, a module may import only modules of strictly lower rank,
+# so every edge points down and no cycle can form. The package's top (errors, __main__) is a
+# wing of its own; `formats` needs only numpy, so any wing may read files (Part I's checkpoints are
+# safetensors files). A new module gets its rank here, at its place in its wing's order.
+WING_DEPS = {
+    'errors': set(),
+    'formats': {'errors'},
+    'core': {'errors'},
+    'learn': {'errors', 'core', 'formats'},
+    'transformer': {'errors', 'core', 'learn'},
+    'lm': {'errors', 'core', 'learn', 'transformer', 'formats'},
+    'scale': {'errors', 'core', 'learn'},
+    'jobs': {'errors', 'core', 'learn', 'transformer', 'formats', 'lm', 'scale'},
+    '__main__': {'jobs'},
+}
+RANKS = {
+    'errors': 0, '__main__': 0,
+    'core.dtype': 0, 'core.pytree': 0, 'core.shape': 1, 'core.tensor': 2, 'core.ops': 3,
+    'core.graph': 4, 'core.fuse': 4.5, 'core.autograd': 5, 'core.kernels': 5.5,
+    'learn.loss': 0, 'learn.random': 0, 'learn.nn': 1, 'learn.optim': 1, 'learn.train': 2,
+    'transformer.attention': 0, 'transformer.gpt': 1,
+    'formats.safetensors': 0, 'formats.quants': 1, 'formats.gguf': 2, 'formats.spm': 2,
+    'formats.tokenizer': 3,
+    'lm.sampling': 0, 'lm.qkernels': 0, 'lm.decode': 1, 'lm.models': 2, 'lm.engine': 3,
+    'lm.chat': 4,
+    'scale.lowering': 0,
+    'jobs.shakespeare': 0, 'jobs.cli': 1,
+}
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
+
+
+def wing_of(mod):
+    "'core' for 'core.tensor'; a top-level module ('errors', 'cli') is its own wing."
+    return mod.split('.')[0]
 
 
 def _import_module_name(node):
@@ -98,38 +123,78 @@ def _import_module_name(node):
     return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else ''
 
 
-def edges_of(tree, modules=()):
-    """[(imported gradus module, line, at top level?)] of a parsed module. An absolute import
-    (`import gradus`, `from gradus import x`, `from gradus.gguf import x`) is recorded as an
-    import of 'gradus' itself, followed by the submodule it names, if any (for `from gradus
-    import x`: when `x` is one of `modules`). A deferred import, `importlib.import_module('.x',
-    ...)` with the name written out, is an edge to `x` that this check sees: recorded with
-    'deferred' in place of the top-level flag (and ranked like any edge); a computed name is
-    recorded as '<computed>', not at top level (it hides an edge)."""
+def _resolve(package, level, module):
+    """The gradus module path ('core.tensor') that `from <level dots><module> import ...` names in
+    a module of `package` ('core', or '' at the top)."""
+    parts = package.split('.') if package else []
+    parts = parts[:len(parts) - (level - 1)] if level > 1 else parts
+    return '.'.join(parts + (module.split('.') if module else []))
+
+
+def edges_of(tree, modules=(), package=''):
+    """[(imported gradus module, line, at top level?, names)] of a parsed module in `package`.
+    Modules are dotted paths below gradus ('core.tensor'); `modules` is the set of them, so that
+    `from . import nn` in package 'learn' is an edge to 'learn.nn' and `from ..core import tensor`
+    one to 'core.tensor'. An absolute import of gradus (`import gradus`, `from gradus.core.tensor
+    import x`) is recorded as an import of 'gradus' itself, followed by the module it names. A
+    deferred import, `importlib.import_module('gradus.scale.lowering')` with the name written out,
+    is an edge this check sees: 'deferred' stands in the top-level flag; a computed name is
+    recorded as '<computed>'. `names` are the names imported from the module (for the check that
+    no underscore name crosses a wing)."""
     top, edges = {id(n) for n in tree.body}, []
+
+    def target(path, names=()):
+        "An edge to `path`, or to its member module when `from path import member`."
+        out = []
+        if path in modules: out.append(path)
+        for n in names:
+            sub = f"{path}.{n}" if path else n
+            if sub in modules: out.append(sub)
+        return out
+
     for node in ast.walk(tree):
         if (name := _import_module_name(node)) is not None:
-            if name.startswith('.'): edges.append((name[1:].split('.')[0], node.lineno, 'deferred'))
-            elif name.split('.')[0] == 'gradus': edges.append(('gradus', node.lineno, 'deferred'))
-            elif not name: edges.append(('<computed>', node.lineno, False))
+            if name.startswith('.'):
+                edges += [(m, node.lineno, 'deferred', ()) for m in
+                          target(_resolve(package, len(name) - len(name.lstrip('.')),
+                                          name.lstrip('.')))]
+            elif name.split('.')[0] == 'gradus':
+                edges += [('gradus', node.lineno, 'deferred', ())]
+                edges += [(m, node.lineno, 'deferred', ()) for m in target(name[7:])]
+            elif not name: edges.append(('<computed>', node.lineno, False, ()))
             continue
-        if isinstance(node, ast.ImportFrom) and node.level > 0:  # from . import a; from .a import x
-            names = [node.module.split('.')[0]] if node.module else [a.name for a in node.names]
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            full = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-            names = [n for f in full if f.split('.')[0] == 'gradus' for n in f.split('.')[:2]]
-            if isinstance(node, ast.ImportFrom) and node.module == 'gradus':
-                names += [a.name for a in node.names if a.name in modules]
-        else: continue
-        edges += [(n, node.lineno, id(node) in top) for n in names]
+        flag = id(node) in top
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            path = _resolve(package, node.level, node.module)
+            names = [a.name for a in node.names]
+            for m in target(path, names):
+                edges.append((m, node.lineno, flag, tuple(names) if m == path else ()))
+        elif isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == 'gradus':
+            edges.append(('gradus', node.lineno, flag, ()))
+            path, names = node.module[7:], [a.name for a in node.names]
+            edges += [(m, node.lineno, flag, tuple(names) if m == path else ())
+                      for m in target(path, names)]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split('.')[0] == 'gradus':
+                    edges.append(('gradus', node.lineno, flag, ()))
+                    edges += [(m, node.lineno, flag, ()) for m in target(a.name[7:])]
     return edges
 
 
 def package_imports():
-    "{module: edges_of(module)} for every gradus/*.py."
-    paths = sorted((ROOT / 'gradus').glob('*.py'))
-    return {p.stem: edges_of(ast.parse(p.read_text(), str(p)), {q.stem for q in paths})
-            for p in paths}
+    "{module path: edges_of(module)} for every module of gradus/, 'core.tensor' for core/tensor.py."
+    pkg = ROOT / 'gradus'
+    paths = sorted(p for p in pkg.rglob('*.py') if '__pycache__' not in p.parts)
+    name = lambda p: '.'.join(p.relative_to(pkg).with_suffix('').parts)
+    mods = {name(p) for p in paths}
+    out = {}
+    for p in paths:
+        mod = name(p)
+        if mod.endswith('__init__') and mod != '__init__': continue   # a wing's empty __init__
+        package = '.'.join(p.relative_to(pkg).parent.parts)
+        out[mod] = edges_of(ast.parse(p.read_text(), str(p)), mods, package)
+    return out
 
 
 def find_cycle(graph):
@@ -145,15 +210,24 @@ def find_cycle(graph):
         if m not in state and (c := visit(m, [m])): return c
 
 
-def edge_problems(mod, dep, at_top):
+def _file(mod): return 'gradus/' + mod.replace('.', '/') + '.py'
+
+
+def edge_problems(mod, dep, at_top, names=()):
     "What is wrong with `mod` importing `dep` (a gradus module or 'gradus'): a list of reasons."
     if dep == 'gradus': return ["imports the package `gradus` itself (import modules relatively)"]
     why = [] if at_top else [f"a function-local import of {dep} hides an edge"]
     if mod in UNRANKED: return why
     if dep not in RANKS: return why + [f"imports gradus.{dep}, which has no rank in RANKS"]
-    if mod in NUMPY_ONLY and dep not in NUMPY_ONLY:
-        return why + [f"numpy-only {mod} imports {dep} of the autograd stack"]
-    if RANKS[dep] >= RANKS[mod]:
+    w, dw = wing_of(mod), wing_of(dep)
+    if w != dw:
+        if dw not in WING_DEPS.get(w, set()):
+            why.append(f"wing {w} imports {dep} of wing {dw}, which it does not build on")
+        private = [n for n in names if n.startswith('_')]
+        if private:
+            why.append(f"imports {', '.join(private)} from {dep} across wings (only public "
+                       "names cross a wing)")
+    elif RANKS[dep] >= RANKS[mod]:
         why.append(f"{mod} (rank {RANKS[mod]}) imports {dep} (rank {RANKS[dep]}): "
                    "not pointing down")
     return why
@@ -162,51 +236,68 @@ def edge_problems(mod, dep, at_top):
 def graph_problems(imports):
     "Every way `imports` ({module: edges_of(module)}) breaks the stated graph, one line each."
     unknown = sorted(set(imports) - set(RANKS) - UNRANKED)
-    problems = [f"gradus/{m}.py has no rank: add it to RANKS in tests/test_project.py at its "
+    problems = [f"{_file(m)} has no rank: add it to RANKS in tests/test_project.py at its "
                 "place in the graph nbs/index.ipynb states" for m in unknown]
     for mod, edges in imports.items():
         if mod in unknown: continue
-        for dep, line, at_top in edges:
-            problems += [f"gradus/{mod}.py:{line}: {w}" for w in edge_problems(mod, dep, at_top)]
-    graph = {m: {d for d, _, _ in edges if d in imports} for m, edges in imports.items()}
+        for dep, line, at_top, names in edges:
+            problems += [f"{_file(mod)}:{line}: {w}"
+                         for w in edge_problems(mod, dep, at_top, names)]
+    graph = {m: {e[0] for e in edges if e[0] in imports} for m, edges in imports.items()}
     if (cycle := find_cycle(graph)): problems.append('import cycle: ' + ' -> '.join(cycle))
     return problems
 
 
 def test_module_graph_is_one_way():
-    """The import graph of gradus/*.py is the one nbs/index.ipynb states: every edge points to a
-    lower rank, the numpy-only group never reaches the autograd stack, no module imports `gradus`
-    itself, no function-local import hides an edge, and there is no cycle."""
+    """The import graph of gradus/ is the one nbs/index.ipynb states: each wing imports only the
+    wings it builds on and only their public names; inside a wing every edge points to a lower
+    rank; no module imports `gradus` itself, no function-local import hides an edge, and there is
+    no cycle."""
     problems = graph_problems(package_imports())
     assert not problems, '\n'.join(problems)
 
 
 def test_module_graph_check_can_fail():
     "The checks above see each kind of break, on small made-up sources and graphs."
-    src = ("from . import nn, shape\nimport gradus\nfrom gradus.tensor import add\n"
-           "def f():\n    from .autograd import grad\n    from gradus import gpt, jit\n"
-           "    importlib.import_module('.lowering', 'gradus'); import_module(name)\n"
-           "    importlib.import_module('jax'); importlib.import_module('gradus.nn')\n")
-    assert sorted(edges_of(ast.parse(src), {'gpt'}), key=lambda e: e[1]) == [
-        ('nn', 1, True), ('shape', 1, True), ('gradus', 2, True), ('gradus', 3, True),
-        ('tensor', 3, True), ('autograd', 5, False), ('gradus', 6, False), ('gpt', 6, False),
-        ('lowering', 7, 'deferred'), ('<computed>', 7, False), ('gradus', 8, 'deferred')]
+    mods = {'learn.nn', 'learn.loss', 'core.tensor', 'core.autograd', 'transformer.gpt',
+            'scale.lowering', 'core'}
+    src = ("from . import nn, loss\nimport gradus\nfrom gradus.core.tensor import add\n"
+           "def f():\n    from ..core.autograd import _grad\n"
+           "    from gradus.transformer import gpt\n"
+           "    importlib.import_module('gradus.scale.lowering'); import_module(name)\n"
+           "    importlib.import_module('jax'); importlib.import_module('.nn', 'gradus.learn')\n")
+    assert sorted(edges_of(ast.parse(src), mods, 'learn'), key=lambda e: e[1]) == [
+        ('learn.nn', 1, True, ()), ('learn.loss', 1, True, ()), ('gradus', 2, True, ()),
+        ('gradus', 3, True, ()), ('core.tensor', 3, True, ('add',)),
+        ('core.autograd', 5, False, ('_grad',)), ('gradus', 6, False, ()),
+        ('transformer.gpt', 6, False, ()), ('gradus', 7, 'deferred', ()),
+        ('scale.lowering', 7, 'deferred', ()), ('<computed>', 7, False, ()),
+        ('learn.nn', 8, 'deferred', ())]
     assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
     assert find_cycle({'a': {'b'}, 'b': set(), 'c': {'a'}}) is None
-    found = graph_problems({'tensor': [('autograd', 7, True)], 'autograd': [('tensor', 2, True)],
-                            'gguf': [('nn', 3, True), ('quants', 4, False)], 'quants': [],
-                            'nn': [('gradus', 9, True)], 'mystery': [('tensor', 1, True)],
-                            'cli': [('__main__', 5, False), ('lowering', 6, 'deferred'),
-                                    ('engine', 7, 'deferred')],
-                            'lowering': [('cli', 8, 'deferred')], 'engine': []})
+    found = graph_problems({
+        'core.tensor': [('core.autograd', 7, True, ())],
+        'core.autograd': [('core.tensor', 2, True, ())],
+        'formats.gguf': [('learn.nn', 3, True, ()), ('formats.quants', 4, False, ())],
+        'formats.quants': [], 'learn.nn': [('gradus', 9, True, ()),
+                                           ('core.tensor', 10, True, ('Primitive', '_aval'))],
+        'core.mystery': [('core.tensor', 1, True, ())],
+        'jobs.cli': [('__main__', 5, False, ()), ('scale.lowering', 6, 'deferred', ())],
+        'scale.lowering': [('jobs.cli', 8, 'deferred', ())], '__main__': []})
     assert found == [
-        "gradus/mystery.py has no rank: add it to RANKS in tests/test_project.py at its place in "
-        "the graph nbs/index.ipynb states",
-        "gradus/tensor.py:7: tensor (rank 2) imports autograd (rank 5): not pointing down",
-        "gradus/gguf.py:3: numpy-only gguf imports nn of the autograd stack",
-        "gradus/gguf.py:4: a function-local import of quants hides an edge",
-        "gradus/nn.py:9: imports the package `gradus` itself (import modules relatively)",
-        "gradus/cli.py:5: a function-local import of __main__ hides an edge",
-        "gradus/cli.py:5: cli (rank 14) imports __main__ (rank 15): not pointing down",
-        "gradus/lowering.py:8: lowering (rank 11) imports cli (rank 14): not pointing down",
-        "import cycle: autograd -> tensor -> autograd"], found
+        "gradus/core/mystery.py has no rank: add it to RANKS in tests/test_project.py at its "
+        "place in the graph nbs/index.ipynb states",
+        "gradus/core/tensor.py:7: core.tensor (rank 2) imports core.autograd (rank 5): not "
+        "pointing down",
+        "gradus/formats/gguf.py:3: wing formats imports learn.nn of wing learn, which it does "
+        "not build on",
+        "gradus/formats/gguf.py:4: a function-local import of formats.quants hides an edge",
+        "gradus/learn/nn.py:9: imports the package `gradus` itself (import modules relatively)",
+        "gradus/learn/nn.py:10: imports _aval from core.tensor across wings (only public names "
+        "cross a wing)",
+        "gradus/jobs/cli.py:5: a function-local import of __main__ hides an edge",
+        "gradus/jobs/cli.py:5: wing jobs imports __main__ of wing __main__, which it does not "
+        "build on",
+        "gradus/scale/lowering.py:8: wing scale imports jobs.cli of wing jobs, which it does not "
+        "build on",
+        "import cycle: core.autograd -> core.tensor -> core.autograd"], found

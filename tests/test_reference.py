@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 import scipy.special as sp
-from gradus import tensor as T, nn, random
-from gradus import ops
+from gradus.core import tensor as T
+from gradus.learn import nn, random
+from gradus.core import ops
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((3, 4, 5))

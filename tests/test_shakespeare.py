@@ -4,7 +4,7 @@ import subprocess, sys
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import shakespeare as S
+from gradus.jobs import shakespeare as S
 
 SMALL = dict(iters=40, eval_interval=20, eval_iters=2, batch_size=8, block_size=32, n_layer=1,
              n_head=2, n_embd=32, warmup=5, lr=3e-3, sample_len=30)
@@ -95,7 +95,8 @@ def test_cli_end_to_end(corpus, tmp_path):
 
 def test_dropout_trains_through_a_traced_key(corpus, tmp_path):
     "With dropout the model splits the step's key inside the compiled step: two keys, two masks."
-    from gradus import gpt, random, loss as L
+    from gradus.transformer import gpt
+    from gradus.learn import random, loss as L
     c = gpt.GPTConfig(10, 8, 1, 2, 16, dropout=0.1)
     p, x = gpt.init(random.key(0), c), np.zeros((2, 8), np.int64)
     g = gd.value_and_grad(lambda p, k: L.cross_entropy(gpt.apply(p, x, c, key=k, training=True), x))

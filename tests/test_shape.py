@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
-from gradus.shape import (ShapeError, broadcast_shapes, reduce_to_shape, matmul_shape,
+from gradus.errors import ShapeError
+from gradus.core.shape import (broadcast_shapes, reduce_to_shape, matmul_shape,
                           reshape_shape, normalize_axis)
 
 dims = st.lists(st.integers(1, 4), min_size=0, max_size=4).map(tuple)

@@ -1,12 +1,14 @@
-"""SentencePiece BPE (gradus.spm): Gemma 3's tokenizer against the `sentencepiece` package (the
+"""SentencePiece BPE (gradus.formats.spm): Gemma 3's tokenizer against the `sentencepiece` package
+(the
 reference implementation, built from the same pieces, scores and types) and against llama.cpp
 where `llama_cpp` is importable; small vocabularies against `sentencepiece` for ties, unused
 pieces and the space prefix; `tokenizer.from_gguf` for both tokenizer models."""
 import os, struct
 from pathlib import Path
 import numpy as np, pytest
-from gradus import gguf as G, tokenizer
-from gradus.spm import (SentencePieceBPE, TokenizerError, NORMAL, UNKNOWN, CONTROL, USER_DEFINED,
+from gradus.formats import gguf as G, tokenizer
+from gradus.errors import TokenizerError
+from gradus.formats.spm import (SentencePieceBPE, NORMAL, UNKNOWN, CONTROL, USER_DEFINED,
                         UNUSED, BYTE, byte_token, _alternation, _cut_special)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +168,7 @@ def test_gemma_same_as_llama_cpp(gemma, shakespeare_lines):
 
 def test_gemma_text_streams_through_generate(gemma):
     "decode.generate drives the tokenizer as it would the model's: streaming, end of turn stops."
-    from gradus import decode
+    from gradus.lm import decode
     _, tok = gemma
     want = tok.encode('Ein 𝔘 café! 東京') + [tok.vocab['<end_of_turn>'], 99]
     def step(tokens, pos):                   # logits for the token after position pos+n-1

@@ -3,8 +3,9 @@ package, and chat templates on a budget."""
 import contextlib, os, signal, sys, tracemalloc, unicodedata
 from pathlib import Path
 import numpy as np, pytest
-from gradus import gguf as G, tokenizer
-from gradus.tokenizer import CharTokenizer, TokenizerError
+from gradus.formats import gguf as G, tokenizer
+from gradus.formats.tokenizer import CharTokenizer
+from gradus.errors import TokenizerError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get('GRADUS_DATA', ROOT.parent / 'shared' / 'data'))

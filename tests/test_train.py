@@ -4,10 +4,11 @@ import math, os
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import loss, nn, ops, optim, random, train
-from gradus import tensor as T
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.learn import loss, nn, optim, random, train
+from gradus.core import ops
+from gradus.core import tensor as T
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 
 def test_batches_cover_each_row_once():
@@ -156,7 +157,7 @@ def test_resume_is_bit_for_bit(tmp_path, dtype):
 
 
 def test_checkpoint_names_and_plain_load(tmp_path):
-    from gradus.safetensors import load_safetensors
+    from gradus.formats.safetensors import load_safetensors
     _, _, _, s0 = _setup()
     path = tmp_path / 'c.safetensors'
     train.save_checkpoint(path, s0, metadata={'run': 'test'})
@@ -249,7 +250,7 @@ def test_data_parallel_gives_each_shard_its_own_key():
 
 
 def test_data_parallel_errors_and_blas_restored():
-    from gradus import kernels
+    from gradus.core import kernels
     vg, params, x, y = _mse_setup(np.float32)
     with pytest.raises(TypeError, match='data_parallel'):
         train.data_parallel(lambda p, x, y: 0.0, (None, 0, 0))
@@ -269,7 +270,7 @@ def test_data_parallel_errors_and_blas_restored():
 
 def test_fit_with_in_axes_tracks_the_one_thread_run():
     "20 AdamW steps with the batch split over 2 threads follow the one-thread losses closely."
-    from gradus import kernels
+    from gradus.core import kernels
     x, y = _regression_data()
     def loss_fn(p, xb, yb): return loss.mse(nn.mlp(p, xb, T.tanh), yb)
     def get_batch(k, t):

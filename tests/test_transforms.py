@@ -4,11 +4,11 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import gradus as gd
-from gradus import tensor as T
-from gradus import ops
-from gradus import graph as GR
-from gradus.dtype import DTypeError
-from gradus.shape import ShapeError
+from gradus.core import tensor as T
+from gradus.core import ops
+from gradus.core import graph as GR
+from gradus.errors import DTypeError
+from gradus.errors import ShapeError
 
 rng = np.random.default_rng(7)
 
@@ -227,7 +227,7 @@ def test_custom_vjp_backward_shape_is_checked():
 
 def test_numpy_functions_on_tracers():
     assert gd.grad(lambda x: np.sum(x * x))(np.ones(2)).tolist() == [2, 2]   # calls Tracer.sum
-    with pytest.raises(T.TracerError, match='gradus.tensor'):
+    with pytest.raises(T.TracerError, match='gradus.core.tensor'):
         gd.grad(lambda x: T.sum(np.asarray(x)))(np.ones(2))
 
 

@@ -34,7 +34,7 @@ class Mutant(NamedTuple):
 
 M = Mutant
 MUTANTS = [
-    # --- tensor: primitives, VJP rules, composites (nbs/02_tensor) ---
+    # --- tensor: primitives, VJP rules, composites (nbs/core/02_tensor) ---
     M('softmax-axis', "softmax normalises along the last axis whatever `axis` is asked", 'ops',
       (("return e / sum(e, axis, keepdims=True)", "return e / sum(e, -1, keepdims=True)"),),
       ('tests/test_reference.py -k softmax', 'tests/test_oracle_layers.py -k softmax',
@@ -68,7 +68,7 @@ MUTANTS = [
       "(the `g[idx] += ct` numpy bug)", 'ops',
       (("np.add.reduceat(u[order], starts, axis=0)", "u[order][starts]"),),
       ('tests/test_gradcheck.py', 'tests/test_nn.py', '{nb}')),
-    # --- shape (nbs/01_shape) ---
+    # --- shape (nbs/core/01_shape) ---
     M('reduce-to-shape-lead', "reduce_to_shape forgets the offset of the added leading axes",
       'shape', (("tuple(lead + i for i, n in enumerate(shape) if n == 1",
                  "tuple(i for i, n in enumerate(shape) if n == 1"),),
@@ -78,7 +78,7 @@ MUTANTS = [
       (("g.sum(axis=axes, keepdims=True).reshape(shape) if axes",
         "g.sum(axis=axes, keepdims=True) if axes"),),
       ('tests/test_shape.py', 'tests/test_gradcheck.py', '{nb}')),
-    # --- autograd (nbs/07_autograd) ---
+    # --- autograd (nbs/core/07_autograd) ---
     M('grad-cache-ignores-dtype', "compiled-gradient cache keyed on shapes only, not dtypes",
       'graph', (("tuple([(x.shape, x.dtype) for x in leaves])",
                     "tuple([x.shape for x in leaves])"),),
@@ -88,7 +88,7 @@ MUTANTS = [
       "used twice", 'autograd',
       (("ct[var.n] = g if var.n not in ct else T.add(ct[var.n], g)", "ct[var.n] = g"),),
       ('tests/test_gradcheck.py', 'tests/test_oracle.py', '{nb}')),
-    # --- loss (nbs/09_loss) ---
+    # --- loss (nbs/learn/09_loss) ---
     M('ce-no-max', "cross-entropy without subtracting the row maximum", 'loss',
       (("return z - T.where(T.isfinite(m), m, np.zeros((), z.dtype))", "return z"),),
       ('tests/test_loss.py', '{nb}')),
@@ -98,11 +98,11 @@ MUTANTS = [
     M('ce-vjp-drops-cotangent', "cross-entropy's custom VJP ignores the incoming cotangent", 'loss',
       (("return g * T.reshape(ct, (n, 1)), ", "return g, "),),
       ('tests/test_loss.py', 'tests/test_oracle.py -k cross_entropy', '{nb}')),
-    # --- random (nbs/10_random) ---
+    # --- random (nbs/learn/10_random) ---
     M('fold-in-ignores-index', "fold_in(key, i) ignores i", 'random',
       (("_philox(k, (0, i, 2, 0))", "_philox(k, (0, 0, 2, 0))"),),
       ('tests/test_nn.py', 'tests/test_train.py', '{nb}')),
-    # --- nn (nbs/11_nn) ---
+    # --- nn (nbs/learn/11_nn) ---
     M('layernorm-eps-outside', "LayerNorm/RMSNorm add eps outside the square root", 'nn',
       (("T.sqrt(ops.mean(u * u, -1, keepdims=True) + eps / s / s)",
         "(T.sqrt(ops.mean(u * u, -1, keepdims=True)) + eps / s / s)"),),
@@ -114,7 +114,7 @@ MUTANTS = [
     M('dropout-not-rescaled', "inverted dropout forgets to scale the kept units by 1/(1 - rate)",
       'nn', (("T.where(keep, x * (1.0 / (1.0 - rate)), ", "T.where(keep, x, "),),
       ('tests/test_nn.py', 'tests/test_reference.py -k dropout', '{nb}')),
-    # --- optim (nbs/12_optim) ---
+    # --- optim (nbs/learn/12_optim) ---
     M('adam-no-bias-correction', "Adam without bias correction", 'optim',
       (("c1, c2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)", "c1, c2 = 1.0, 1.0"),),
       ('tests/test_optim.py', 'tests/test_mlp_reference.py', '{nb}')),
@@ -132,11 +132,11 @@ MUTANTS = [
     M('global-norm-no-sqrt', "global gradient norm without the square root", 'optim',
       (("return math.sqrt(sum(squares))", "return sum(squares)"),),
       ('tests/test_optim.py', 'tests/test_mlp_reference.py', '{nb}')),
-    # --- train (nbs/13_train) ---
+    # --- train (nbs/learn/13_train) ---
     M('targets-not-shifted', "language-model targets equal the inputs (not shifted by one)",
       'train', (("return w[:, :-1], w[:, 1:]", "return w[:, :-1], w[:, :-1]"),),
       ('tests/test_train.py', '{nb}')),
-    # --- attention (nbs/14_attention) ---
+    # --- attention (nbs/transformer/14_attention) ---
     M('causal-mask-off-by-one', "causal mask lets each query see one future key", 'attention',
       (("m = kpos <= qpos", "m = kpos <= qpos + 1"),),
       ('tests/test_attention.py -k causal_mask', 'tests/test_decode.py -k causal_mask', '{nb}')),
@@ -152,11 +152,11 @@ MUTANTS = [
     M('attention-scale', "attention scores scaled by 1/d instead of 1/sqrt(d)", 'attention',
       (("1.0 / math.sqrt(d) if scale is None", "1.0 / d if scale is None"),),
       ('tests/test_attention.py -k sdpa', 'tests/test_decode.py -k gpt', '{nb}')),
-    # --- gpt (nbs/15_gpt) ---
+    # --- gpt (nbs/transformer/15_gpt) ---
     M('kv-cache-positions', "cached decoding adds position embeddings from 0, not from `pos`",
       'gpt', (("params['wpe'][pos:pos + t]", "params['wpe'][:t]"),),
-      ('tests/test_decode.py -k gpt', 'nbs/23_decode.ipynb', '{nb}')),
-    # --- engine: the numba decode kernels of Part II (nbs/26_engine) ---
+      ('tests/test_decode.py -k gpt', 'nbs/lm/23_decode.ipynb', '{nb}')),
+    # --- engine: the numba decode kernels of Part II (nbs/lm/26_engine) ---
     M('llama-gqa-kernel', "decode kernel maps query head h to kv head h % n_kv (tiling) instead of "
       "h // group", 'engine',
       (("_attend_head(qkv[o : o + D], ck[h // group], cv[h // group]",
@@ -166,11 +166,11 @@ MUTANTS = [
       'engine', (("np.sqrt(ss / _f32(x.shape[0]) + _f32(eps))",
                   "(np.sqrt(ss / _f32(x.shape[0])) + _f32(eps))"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
-    # --- safetensors (nbs/17_safetensors) ---
+    # --- safetensors (nbs/formats/17_safetensors) ---
     M('safetensors-offset', "safetensors data buffer read one byte early", 'safetensors',
       (("base, buf = 8 + n, size - 8 - n", "base, buf = 7 + n, size - 7 - n"),),
       ('tests/test_formats.py -k safetensors', 'tests/test_train.py -k checkpoint', '{nb}')),
-    # --- quants (nbs/18_quants) ---
+    # --- quants (nbs/formats/18_quants) ---
     M('q4_0-nibble-order', "Q4_0 quantizer packs the nibbles in the other order", 'quants',
       (("q = q[:, :16] | (q[:, 16:] << 4)", "q = q[:, 16:] | (q[:, :16] << 4)"),),
       ('tests/test_formats.py -k quantize', '{nb}')),
@@ -185,7 +185,7 @@ MUTANTS = [
     M('f16-subnormal', "float16 decoder's subnormal exponent off by one", 'quants',
       (("* _POW2[max(e, 1)]", "* _POW2[max(e, 0)]"),),
       ('tests/test_formats.py -k "dequantize or kernel"', '{nb}')),
-    # --- gguf (nbs/19_gguf) ---
+    # --- gguf (nbs/formats/19_gguf) ---
     M('gguf-shape-order', "GGUF dims kept in ggml order (fastest first), not reversed to numpy's",
       'gguf', (("tuple(reversed(ne))", "tuple(ne)"),),
       ('tests/test_formats.py -k gguf', '{nb}')),
@@ -193,11 +193,11 @@ MUTANTS = [
       "ignored)", 'gguf',
       (("data_offset = -(-header_end // alignment) * alignment", "data_offset = header_end"),),
       ('tests/test_formats.py -k gguf', '{nb}')),
-    # --- tokenizer (nbs/20_tokenizer) ---
+    # --- tokenizer (nbs/formats/21_tokenizer) ---
     M('bpe-merge-rank', "BPE applies the highest-rank (latest) merge first", 'tokenizer',
       (("r < best", "r > best"),),
       ('tests/test_tokenizer.py', '{nb}')),
-    # --- sampling (nbs/22_sampling) ---
+    # --- sampling (nbs/lm/22_sampling) ---
     M('top-p-off-by-one', "top-p keeps one token too few (the prefix before the one reaching p)",
       'sampling', (("np.searchsorted(np.cumsum(prob[order]), p)) + 1",
                   "np.searchsorted(np.cumsum(prob[order]), p))"),),

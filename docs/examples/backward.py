@@ -1,7 +1,7 @@
 # The generated backward of one small layer: trace, differentiate, check.
 import numpy as np
 import gradus as gd
-from gradus import tensor as T
+from gradus.core import tensor as T
 
 def f(x, w):
     "A scalar from one tanh layer: the sum of squared activations."

@@ -1,7 +1,7 @@
 # The smallest useful gradus program: fit a line with a generated gradient.
 import numpy as np
 import gradus as gd
-from gradus import ops
+from gradus.core import ops
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(200, 2))                       # (N, 2) inputs

@@ -1,4 +1,5 @@
-"""SmolLM2-135M (Q4_1) prefill and decode speed: gradus.models against llama.cpp, in the same run.
+"""SmolLM2-135M (Q4_1) prefill and decode speed: gradus.lm.models against llama.cpp, in the same
+run.
 
 Prefill: tokens/s over a 512-token prompt (logits of the last position only, as llama.cpp
 computes). Decode: tokens/s over 128 greedy tokens after a short prompt (end-of-generation ignored).
@@ -23,7 +24,8 @@ os.environ.setdefault('NUMBA_NUM_THREADS', '2')
 import argparse, platform, subprocess, sys, time
 import numpy as np
 import numba
-from gradus import engine, gguf as G, models, quants, tokenizer as TK
+from gradus.lm import engine, models
+from gradus.formats import gguf as G, quants, tokenizer as TK
 
 THREADS, N_PROMPT, N_DECODE = 2, 512, 128
 TEXT = (

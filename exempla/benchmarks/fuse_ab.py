@@ -2,7 +2,8 @@
 
 The step is gpt_step.py's (value_and_grad + global-norm clipping + AdamW, block 64, batch 12,
 4 layers, 4 heads, width 128, vocabulary 65). Two copies are compiled, one with the fusion pass of
-gradus.fuse and one without (GRADUS_FUSE read when each compiles); every round runs both at each
+gradus.core.fuse and one without (GRADUS_FUSE read when each compiles); every round runs both at
+each
 thread count, so that a change of machine load falls on both. Prints the medians, their ratio, the
 first-call (compile) time of each, the 1-minute load before and after, and a profile by primitive
 of the compiled value_and_grad at one thread, fused and not.
@@ -23,7 +24,9 @@ def main():
     a = ap.parse_args()
     from threadpoolctl import threadpool_limits
     import gradus as gd
-    from gradus import gpt, random, fuse as F, loss as L
+    from gradus.transformer import gpt
+    from gradus.learn import random, loss as L
+    from gradus.core import fuse as F
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, 65, (12, 64)), rng.integers(0, 65, (12, 64)))

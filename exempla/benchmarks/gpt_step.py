@@ -3,12 +3,15 @@
 Same model (nanoGPT's CPU Shakespeare-char configuration: block 64, batch 12, 4 layers, 4 heads,
 width 128, vocabulary 65, tied head), same optimizer settings, same thread count, measured in one
 run. PyTorch is used only when it is importable (it is not a gradus dependency). Both sides run in
-alternation at each thread count n (`gradus.kernels.set_threads(n)`: gradus splits the batch over
+alternation at each thread count n (`gradus.core.kernels.set_threads(n)`: gradus splits the batch
+over
 n threads, `train.data_parallel`; `torch.set_num_threads(n)`: PyTorch splits each operation);
 prints the medians and their ratios, the machine load before and after, and gradus under
 `kernels.ThreadTuner`, which picks the count as it goes. `--busy K` starts K spinning processes
-first (a neighbour holding a core); `--plain` adds gradus without its hand-written kernels
-(`gradus.kernels.disabled()`); `--blas` adds gradus on one thread with n BLAS threads (how it ran
+first (a neighbour holding a core); `--plain` adds gradus without its hand-written
+kernels
+(`gradus.core.kernels.disabled()`); `--blas` adds gradus on one thread with n BLAS threads (how it
+ran
 before data parallelism); `--no-kernels` runs gradus without the kernels only. The process keeps
 freed arrays on glibc's heap (`kernels.keep_arrays_on_the_heap`), as `gradus shakespeare` does; both
 libraries allocate through that `malloc` (`--malloc-default` leaves it as it is).
@@ -24,7 +27,8 @@ def gradus_step_fn(cfg, seed=0, parallel=True):
     """gradus's step; `parallel`: the batch split over `kernels.threads()` threads
     (`train.data_parallel`), else one thread with BLAS splitting each product."""
     import gradus as gd
-    from gradus import gpt, random, optim, train, loss as L
+    from gradus.transformer import gpt
+    from gradus.learn import random, optim, train, loss as L
     mcfg = gpt.GPTConfig(cfg['vocab'], cfg['block'], cfg['layers'], cfg['heads'], cfg['width'])
     params = gpt.init(random.key(seed), mcfg)
     opt = optim.adamw(1e-3, betas=(0.9, 0.99), weight_decay=0.1, mask=optim.decay_mask)
@@ -101,7 +105,7 @@ def alternate(sides, batches, threads, block=4, warmup=1):
     falls on all of them; the first step of a block is not timed (a library's threads left
     spinning by the side before, PyTorch's OpenMP pool or OpenBLAS's, slow it), and the order
     rotates every round. The first `warmup` rounds are not timed."""
-    from gradus import kernels
+    from gradus.core import kernels
     times = {(name, n): [] for name, _ in sides for n in threads}
     rounds = len(batches) // block
     for r in range(rounds):
@@ -123,7 +127,7 @@ def alternate(sides, batches, threads, block=4, warmup=1):
 
 def tuned(step, batches, max_threads, warmup=3):
     "Median ms of `step` run by `kernels.ThreadTuner`, and how many steps ran at each count."
-    from gradus import kernels
+    from gradus.core import kernels
     tuner = kernels.ThreadTuner(max_threads, period=10)
     for x, y in batches: tuner(step, x, y)
     ts = [dt for _, dt in tuner.history[warmup:]]
@@ -144,7 +148,7 @@ def main():
     ap.add_argument('--rounds', type=positive, default=8)
     ap.add_argument('--block', type=positive, default=4, help='steps in a row per side and round')
     ap.add_argument('--busy', type=int, default=0, help='background busy-loop processes')
-    ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.kernels')
+    ap.add_argument('--no-kernels', action='store_true', help='trace without gradus.core.kernels')
     ap.add_argument('--plain', action='store_true',
                     help='also run the step without the kernels, alternating with the others')
     ap.add_argument('--malloc-default', action='store_true',
@@ -154,7 +158,7 @@ def main():
     a = ap.parse_args()
     if a.block < 2:
         ap.error(f"--block must be >= 2 (a block's first step is not timed), got {a.block}")
-    from gradus import kernels
+    from gradus.core import kernels
     if not a.malloc_default: kernels.keep_arrays_on_the_heap()   # as `gradus shakespeare` runs
     cfg = dict(vocab=65, block=64, batch=12, layers=4, heads=4, width=128)
     rng = np.random.default_rng(0)

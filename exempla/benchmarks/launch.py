@@ -1,5 +1,5 @@
 """What one numba parallel region costs under each threading layer, on the machine as it is and
-beside a busy neighbour (one CPU-bound child process), and the decode rate of `gradus.engine`
+beside a busy neighbour (one CPU-bound child process), and the decode rate of `gradus.lm.engine`
 (one parallel region per token) under each.
 
 Each case runs in a fresh child process (numba picks its threading layer once per process):
@@ -31,7 +31,8 @@ for _ in range(2000):
     t0 = time.perf_counter()
     empty(2, out)
     ts.append(time.perf_counter() - t0)
-from gradus import engine, gguf, models
+from gradus.lm import engine, models
+from gradus.formats import gguf
 n = int(sys.argv[1])
 params, c = models.from_gguf(gguf.smollm2_path())
 engine.decode_step(params, c, engine.new_cache(c, 2), 1, 0, engine.workspace(params, c, 2))

@@ -19,7 +19,9 @@ import numpy as np
 def build(batch, seed=0):
     "The numpy step (a closure over its state), the lowered step, and the arguments to start from."
     import gradus as gd
-    from gradus import gpt, lowering as LW, optim, random as R, loss as L
+    from gradus.transformer import gpt
+    from gradus.scale import lowering as LW
+    from gradus.learn import optim, random as R, loss as L
     cfg = gpt.GPTConfig(65, 64, 4, 4, 128)
     params = gpt.init(R.key(seed), cfg)
     loss_fn = lambda p, x, y: L.cross_entropy(gpt.apply(p, x, cfg), y)
@@ -43,7 +45,7 @@ def build(batch, seed=0):
 def jax_side(step_fn, params, moments, opt):
     "A JAX step with its own state; waits for the result so that the time is the step's."
     import jax
-    from gradus import lowering as LW
+    from gradus.scale import lowering as LW
     st = {'p': params, 'm': moments}
     def step(x, y, t):
         loss, st['p'], st['m'], _ = step_fn(st['p'], st['m'], LW.adamw_hyper(opt, t), x, y)
@@ -72,7 +74,7 @@ def main():
         from threadpoolctl import threadpool_limits
         threadpool_limits(a.threads)
     import jax
-    from gradus import lowering as LW
+    from gradus.scale import lowering as LW
     numpy_step, lowered, params, moments, opt, (x0, y0) = build(a.batch)
     single = jax.jit(lowered)
     sharded = LW.data_parallel(lowered, LW.data_mesh(8), batch_argnums=(3, 4))

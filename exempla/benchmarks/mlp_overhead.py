@@ -6,7 +6,7 @@ Comparators, all measured here:
   matmuls   - the five matrix products of that forward + backward alone, on precomputed operands:
               a floor no forward + backward on numpy can go under
   gradus    - gd.value_and_grad(loss), cached (trace/compile excluded: one warm-up call), with the
-              fusion pass of gradus.fuse (the default) and without it (fuse=False)
+              fusion pass of gradus.core.fuse (the default) and without it (fuse=False)
 Prints median microseconds per call and the ratios gradus/forward and gradus/manual; the five sides
 alternate within each round. The 1-minute load average is printed before and after.
 
@@ -15,8 +15,8 @@ Run: python exempla/benchmarks/mlp_overhead.py [--repeat 300] [--threads N]
 import argparse, platform, os, timeit
 import numpy as np
 import gradus as gd
-from gradus import tensor as T
-from gradus import ops
+from gradus.core import tensor as T
+from gradus.core import ops
 
 
 def loss(p, x, y):

@@ -1,4 +1,5 @@
-"""Quantized mat-vec (gradus.quants.qmatvec) against dequantize-then-matmul, in the same run.
+"""Quantized mat-vec (gradus.formats.quants.qmatvec) against dequantize-then-matmul, in the same
+run.
 
 For every type qmatvec supports (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) on a random 4096 x 1024
 matrix, then on real tensors of Gemma 3 270M and SmolLM2 where their packages are installed.
@@ -15,8 +16,8 @@ taken by other processes two-thread timings measure the scheduler)
 import argparse, os, platform, subprocess, time
 import numba
 import numpy as np
-from gradus import gguf as G, quants as Q
-from gradus.quants import GGMLType, BLOCK
+from gradus.formats import gguf as G, quants as Q
+from gradus.formats.quants import GGMLType, BLOCK
 
 def uptime():
     return subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()

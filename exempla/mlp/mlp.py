@@ -10,8 +10,8 @@ Run: python exempla/mlp/mlp.py
 """
 import numpy as np
 import gradus as gd
-from gradus import loss, nn, optim, random, train
-from gradus import tensor as T
+from gradus.learn import loss, nn, optim, random, train
+from gradus.core import tensor as T
 
 SEED, STEPS, BATCH, SIZES = 0, 100, 64, (2, 32, 32, 3)
 PEAK_LR, WARMUP, FLOOR_LR, WEIGHT_DECAY, CLIP = 3e-2, 10, 1e-3, 0.01, 0.5

@@ -20,7 +20,9 @@ CFG = dict(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
 def setup(batch, seed=0):
     "The model, the optimizer settings and a batch source, identical in every process."
     import gradus as gd
-    from gradus import gpt, lowering as LW, optim, random as R, loss as L
+    from gradus.transformer import gpt
+    from gradus.scale import lowering as LW
+    from gradus.learn import optim, random as R, loss as L
     cfg = gpt.GPTConfig(**CFG)
     params = gpt.init(R.key(seed), cfg)
     loss_fn = lambda p, x, y: L.cross_entropy(gpt.apply(p, x, cfg), y)
@@ -40,7 +42,7 @@ def worker(a):
     jax.distributed.initialize(coordinator_address=a.coordinator, num_processes=a.num_processes,
                                process_id=a.process_id)
     import gradus as gd
-    from gradus import lowering as LW
+    from gradus.scale import lowering as LW
     from jax.sharding import NamedSharding, PartitionSpec as P
     params, moments, loss_fn, opt, data = setup(a.batch)
     mesh = LW.data_mesh()                                   # every device of every process
@@ -74,7 +76,7 @@ def worker(a):
 def reference(a):
     "The same steps with gradus's numpy route: value_and_grad, clip_by_global_norm, adamw."
     import gradus as gd
-    from gradus import optim
+    from gradus.learn import optim
     params, _, loss_fn, opt, data = setup(a.batch)
     np_opt = optim.adamw(opt.lr, opt.betas, opt.eps, opt.weight_decay, mask=opt.mask)
     vg, state, losses = gd.value_and_grad(loss_fn), np_opt.init(params), []

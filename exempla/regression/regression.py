@@ -4,7 +4,7 @@ Run: python exempla/regression/regression.py
 """
 import numpy as np
 import gradus as gd
-from gradus import loss, nn, optim, random, train
+from gradus.learn import loss, nn, optim, random, train
 
 
 def model(params, x):

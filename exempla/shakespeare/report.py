@@ -13,8 +13,10 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 import gradus as gd
-from gradus import gpt, nn, random, train, attention, shakespeare as S
-from gradus import loss as L
+from gradus.transformer import gpt, attention
+from gradus.jobs import shakespeare as S
+from gradus.learn import nn, random, train
+from gradus.learn import loss as L
 
 
 def main():
