@@ -3,11 +3,14 @@
     python docs/build.py            # -> docs/_build/html/index.html
     python docs/build.py --out DIR  # -> DIR/html/index.html
 
-Steps: every `nbs/*.ipynb` is preprocessed into `<out>/src/` (nbdev's cell directives honoured,
-nbval markers stripped, API entries written after each export cell, backticked API names linked),
-the hand-written pages of `docs/` are copied beside them with a generated module map, and Sphinx +
-myst-nb renders the lot with warnings as errors. Preprocessed files are rewritten only when their
-content changes, so a rebuild is incremental.
+Steps: every notebook (`nbs/*.ipynb` and the wings' `nbs/<wing>/*.ipynb`) is preprocessed into
+`<out>/src/` (nbdev's cell directives honoured, nbval markers stripped, API entries written after
+each export cell, backticked API names and notebook paths linked), the hand-written pages of
+`docs/` are copied beside them with a generated module map, and Sphinx + myst-nb renders the lot
+with warnings as errors. The sidebar has a section per wing in reading order (`SECTIONS`), each
+lesson followed by its lettered companions (`05a_...`). A page is named by its notebook's stem
+(`05_graph`), which is unique across wings (the build fails otherwise). Preprocessed files are
+rewritten only when their content changes, so a rebuild is incremental.
 """
 import argparse, ast, hashlib, json, re, sys, types
 from pathlib import Path
@@ -17,6 +20,24 @@ ROOT = DOCS.parent
 NBS = ROOT / 'nbs'
 PAGES = ['quickstart', 'first-notebook', 'module-map', 'backward']  # hand-written, sidebar order
 PKG = 'gradus'
+
+# The sidebar's sections in reading order: (caption, wing, which of its notebooks). The wing is a
+# folder of nbs/ ('' for nbs/ itself); `numbers` keeps the notebooks whose number is in it (None:
+# all of the wing's), `stems` names unnumbered ones. Every notebook but the index falls in exactly
+# one section: a new wing or an unplaced notebook fails the build until it is given its place.
+SECTIONS = [
+    ('Part I, training: the autodiff core', 'core', None, ()),
+    ('Part I, training: learning', 'learn', None, ()),
+    ('Part I, training: the transformer', 'transformer', None, ()),
+    ('Part I, training: the main job', 'jobs', range(0, 17), ()),
+    ('Part II, running a real model: formats and tokenizers', 'formats', None, ()),
+    ('Part II, running a real model: language models', 'lm', None, ()),
+    ('Beyond one machine', 'scale', None, ()),
+    ('The command line', 'jobs', range(17, 100), ()),
+    ('The command line', '', range(0, 100), ()),
+    ('Errors', '', (), ('errors',)),
+]
+_STEM = re.compile(r'^(\d+)([a-z]?)_\w+$')  # 05_graph (a lesson), 05a_graph_codegen (its companion)
 
 # ------------------------------------------------------------------------------------ directives
 _DIRECTIVE = re.compile(r'^\s*#\|\s*(.*?)\s*$')
@@ -91,23 +112,30 @@ def _in_pkg(module): return bool(module) and module.startswith(PKG + '.')
 
 
 class Notebook:
-    "One notebook split into cells (with their directives), its module and its import aliases."
-    def __init__(self, path):
-        self.path, self.name = path, path.stem
+    """One notebook split into cells (with their directives), its module and its import aliases;
+    its wing (the folder of nbs/ it is in, '' for nbs/ itself), number and companion letter
+    (`05a_graph_codegen`: 5, 'a'; an unnumbered notebook: None, '')."""
+    def __init__(self, path, wing=''):
+        self.path, self.name, self.wing = path, path.stem, wing
+        m = _STEM.match(self.name)
+        self.number, self.letter = (int(m.group(1)), m.group(2)) if m else (None, '')
         try: self.nb = json.loads(path.read_text(encoding='utf-8'))
         except json.JSONDecodeError as e: raise SystemExit(f'{path}: not a notebook ({e})') from e
         self.module, self.cells, self.aliases = None, [], {}
         for cell in self.nb['cells']:
             src = ''.join(cell.get('source', ''))
             code = cell['cell_type'] == 'code'
-            dirs, body = parse_directives(src) if code else ({}, src.splitlines())
-            if 'default_exp' in dirs: self.module = dirs['default_exp'].split()[0]
+            # a Markdown cell's directives (`#| export`: part of the package docstring) are nbdev's
+            # business, not the reader's: they are read and left out of the page
+            dirs, body = parse_directives(src) if cell['cell_type'] in ('code', 'markdown') \
+                else ({}, src.splitlines())
+            if code and 'default_exp' in dirs: self.module = dirs['default_exp'].split()[0]
             self.cells.append((cell, dirs, body))
         for cell, dirs, body in self.cells:
             if cell['cell_type'] != 'code': continue
             tree = self._parse(body)
             if tree is None: continue
-            for node in ast.walk(tree):  # `from gradus import tensor as T`: `T.sum` can be linked
+            for node in ast.walk(tree):  # `from gradus.core import tensor as T`: `T.sum` is linked
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == PKG:
                     for a in node.names: self.aliases[a.asname or a.name] = f'{PKG}.{a.name}'
                 elif isinstance(node, ast.ImportFrom) and _in_pkg(node.module):
@@ -178,28 +206,42 @@ def build_index(notebooks):
 # --------------------------------------------------------------------------------------- linking
 _FENCE = re.compile(r'^\s*(```+|~~~+)')
 _TICKED = re.compile(r'(?<![`}\w])`([A-Za-z_][\w.]*)(\(\))?`(?!`)')
-_NB_PATH = re.compile(r'(?<![`}\w\[])`nbs/([\w.-]+)\.ipynb`(?!`)')
+_NB_PATH = re.compile(r'(?<![`}\w\[])`nbs/((?:[\w-]+/)?)([\w.-]+)\.ipynb`(?!`)')
+_NB_STEM = re.compile(r'(?<![`}\w\[])`(\d+[a-z]?_\w+)((?:\.ipynb)?)`(?!`)')  # `05a_codegen`
 
 
 class Linker:
-    "Backticked API names in Markdown become cross-references (as nbdev's add_links does)."
-    def __init__(self, full, short, pages, reexports):
+    """Backticked API names in Markdown become cross-references (as nbdev's add_links does), and
+    backticked notebook paths (`nbs/core/05_graph.ipynb`) and names (`05_graph`, `05_graph.ipynb`)
+    links to their pages. `pages` maps a
+    page name to the notebook's wing ({'05_graph': 'core'}): a path links only if it is right.
+    `modules` are the package's modules (`gradus.core.tensor`): a dotted name is looked for in
+    them and in the packages above them (`tensor.sum`, `core.tensor.sum`, `lm.decode`)."""
+    def __init__(self, full, short, pages, reexports, modules=()):
         self.full, self.short, self.pages = full, short, pages
         self.reexports = {k: v for k, v in reexports.items() if v in full}
+        self.scopes = {PKG} | {'.'.join(m.split('.')[:i]) for m in modules
+                               for i in range(1, m.count('.') + 2)}
 
     def resolve(self, text, nb):
+        "The full name a backticked `text` stands for in notebook `nb`, or None."
         if text in self.full: return text
         head, _, rest = text.partition('.')
         if rest and head in nb.aliases:  # T.sum, gd.grad, nn.linear
             base = nb.aliases[head]
             cand = f'{base}.{rest}'
             if cand in self.full: return cand
-            if base == PKG and rest in self.reexports: return self.reexports[rest]
-        if rest:  # Class.method or module.name
+            if base == PKG:  # gd.grad, gd.tensor.sum: names the package re-exports
+                first, _, more = rest.partition('.')
+                if first in self.reexports:
+                    cand = self.reexports[first] + (f'.{more}' if more else '')
+                    if cand in self.full: return cand
+        if rest:  # Class.method, or module.name / wing.module / wing.module.name
             for fn in self.short.get(head, []):
                 if f'{fn}.{rest}' in self.full: return f'{fn}.{rest}'
-            mods = [f for f in self.full if f.endswith(f'.{head}.{rest}') and f.count('.') == 2]
-            return mods[0] if len(mods) == 1 else None
+            found = [f for f in self.full
+                     if f.endswith(f'.{text}') and f[:-len(text) - 1] in self.scopes]
+            return found[0] if len(found) == 1 else None
         cands = self.short.get(text, [])
         mine = [c for c in cands if nb.module and c.startswith(f'{PKG}.{nb.module}.')]
         if len(mine) == 1: return mine[0]
@@ -221,10 +263,16 @@ class Linker:
         parts = re.split(r'(\$\$.*?\$\$|\$[^$]+\$|``[^`]+``)', line)
         for i in range(0, len(parts), 2):
             parts[i] = _NB_PATH.sub(lambda m: self._nb_link(m), parts[i])
+            parts[i] = _NB_STEM.sub(lambda m: self._stem_link(m), parts[i])
             parts[i] = _TICKED.sub(lambda m: self._api_link(m, nb, parts[i]), parts[i])
         return ''.join(parts)
 
     def _nb_link(self, m):
+        folder, stem = m.group(1).rstrip('/'), m.group(2)
+        if self.pages.get(stem) != folder: return m.group(0)  # not a notebook there: left as is
+        return f'{{doc}}`{m.group(0)[1:-1]} <{stem}>`'
+
+    def _stem_link(self, m):
         if m.group(1) not in self.pages: return m.group(0)
         return f'{{doc}}`{m.group(0)[1:-1]} <{m.group(1)}>`'
 
@@ -339,6 +387,7 @@ def process(nb, linker):
     cells, emitted, level = [], set(), [0]
     for cell, dirs, body in nb.cells:
         if cell['cell_type'] == 'markdown':
+            if 'hide' in dirs: continue
             md = close_heading_gaps('\n'.join(body), level)
             cells.append({'cell_type': 'markdown', 'metadata': {}, 'source': linker.link(md, nb)})
             continue
@@ -367,13 +416,94 @@ def process(nb, linker):
     return {'nbformat': 4, 'nbformat_minor': 5, 'metadata': meta, 'cells': cells}
 
 
+def find_notebooks(nbs=None):
+    """Every notebook of `nbs` (default nbs/): its own (`index`, `errors`, `30_main`) and those of
+    its wings, one folder down (`core/05_graph.ipynb`), as Notebooks. Page names are the stems, so
+    two notebooks with one stem (in two wings) are refused."""
+    nbs = Path(nbs or NBS)
+    paths = [(p, '') for p in sorted(nbs.glob('*.ipynb'))]
+    paths += [(p, p.parent.name) for p in sorted(nbs.glob('*/*.ipynb'))
+              if not p.parent.name.startswith(('.', '_'))]
+    notebooks, seen = [], {}
+    for p, wing in paths:
+        if p.stem in seen:
+            raise SystemExit(f'{p} and {seen[p.stem]}: two notebooks named {p.stem!r} '
+                             '(a page is named by its notebook)')
+        seen[p.stem] = p
+        notebooks.append(Notebook(p, wing))
+    return notebooks
+
+
+def title(nb):
+    "The notebook's first `# ` heading as plain text (code marks and emphasis dropped)."
+    for cell, _, body in nb.cells:
+        if cell['cell_type'] != 'markdown': continue
+        for line in body:
+            if line.startswith('# '): return re.sub(r'[`*]', '', line[2:]).strip()
+    return nb.name
+
+
+def sections(notebooks):
+    """[(caption, [Notebook])]: the sidebar's sections (`SECTIONS`, equal captions in a row merged)
+    with their notebooks in reading order, each lesson followed by its lettered companions. Raises
+    SystemExit naming a notebook that no section, or more than one, takes."""
+    out, where = [], {}
+    for caption, wing, numbers, stems in SECTIONS:
+        took = [nb for nb in notebooks if nb.name != 'index' and nb.wing == wing and (
+            nb.name in stems
+            or (nb.number is not None and (numbers is None or nb.number in numbers)))]
+        for nb in took: where.setdefault(nb.name, []).append(caption)
+        if out and out[-1][0] == caption: out[-1][1].extend(took)
+        else: out.append((caption, took))
+    placed = {name for name, caps in where.items() if len(caps) == 1}
+    bad = [nb.path for nb in notebooks if nb.name != 'index' and nb.name not in placed]
+    if bad:
+        raise SystemExit(f'{", ".join(map(str, bad))}: not in exactly one section of the sidebar '
+                         '(docs/build.py, SECTIONS)')
+    order = lambda nb: (nb.number if nb.number is not None else 10**6, nb.letter, nb.name)
+    return [(caption, sorted(nbs, key=order)) for caption, nbs in out if nbs]
+
+
+def lesson_of(nb, notebooks):
+    "The lesson a companion (`05a_...`) follows (`05_...` of the same wing), or None."
+    if not nb.letter: return None
+    return next((o for o in notebooks if o.number == nb.number and not o.letter
+                 and o.wing == nb.wing), None)
+
+
+def companion_title(nb):
+    "A companion's sidebar entry: its title, marked (`↳ companion: ...`) unless it says so itself."
+    t = title(nb)
+    return f'↳ {t}' if 'companion' in t.lower() else f'↳ companion: {t}'
+
+
 def toctree_cell(notebooks):
-    "The contents appended to the entry page: the hand-written pages, then every notebook."
-    lessons = '\n'.join(nb.name for nb in notebooks if nb.name != 'index')
+    """The contents appended to the entry page: the hand-written pages, then a section per wing in
+    reading order, a companion's entry marked as one."""
     pages = '\n'.join(PAGES + ['API index <genindex>'])
-    return ('## Contents\n\n'
-            f'```{{toctree}}\n:caption: Guides\n:maxdepth: 1\n\n{pages}\n```\n\n'
-            f'```{{toctree}}\n:caption: Notebooks\n:maxdepth: 1\n\n{lessons}\n```\n')
+    out = ['## Contents\n\n', f'```{{toctree}}\n:caption: Guides\n:maxdepth: 1\n\n{pages}\n```\n']
+    for caption, nbs in sections(notebooks):
+        entries = '\n'.join(f'{companion_title(nb)} <{nb.name}>' if nb.letter else nb.name
+                             for nb in nbs)
+        out.append(f'\n```{{toctree}}\n:caption: {caption}\n:maxdepth: 1\n\n{entries}\n```\n')
+    return ''.join(out)
+
+
+def companion_notes(nb, notebooks):
+    """Markdown cells that tie a lesson and its companions together: on a lesson, a closing note
+    naming its companions; on a companion, an opening note naming its lesson. (where, text)."""
+    if nb.letter:
+        lesson = lesson_of(nb, notebooks)
+        if lesson is None: return []
+        return [('top', f'*A companion of {{doc}}`{lesson.name}`: the engineering behind that '
+                        'lesson, with its own proofs. A learner may skip it.*')]
+    comps = [o for o in notebooks if o.letter and lesson_of(o, notebooks) is nb]
+    if not comps: return []
+    names = ', '.join(f'{{doc}}`{o.name}`' for o in comps)
+    many = len(comps) > 1
+    return [('end', f'**Companion{"s" if many else ""}**: {names} {"hold" if many else "holds"} '
+                    'the engineering behind this lesson (speed, hardening, plumbing) with its own '
+                    'proofs; the next lesson does not need it.')]
 
 
 def write_if_changed(path, text):
@@ -382,18 +512,22 @@ def write_if_changed(path, text):
         path.write_text(text, encoding='utf-8')
 
 
-_REPO_LINK = re.compile(r'\]\(\.\./([^)\s]+)\)')
+_REPO_LINK = re.compile(r'\]\(((?:\.\./)+[^)\s]+)\)')
 
-def _repo_files(md, src, wanted):
-    """Markdown links to repository files written relative to nbs/ (`](../exempla/x.png)`): the file is
-    copied into `src/_repo/` and the link pointed there, so the page finds it."""
+def _repo_files(md, src, wanted, base=NBS):
+    """Markdown links to repository files, written relative to the notebook's folder `base`
+    (`](../exempla/x.png)` in nbs/, `](../../exempla/x.png)` in nbs/core/): the file is copied
+    into `src/_repo/` and the link pointed there, so the page finds it."""
     def copy(m):
-        rel = m.group(1)
-        f = ROOT / rel
-        if not f.is_file(): raise SystemExit(f'a notebook links {rel}, which is not a file of the repository')
+        f = (base / m.group(1)).resolve()
+        if ROOT.resolve() not in f.parents or not f.is_file():
+            raise SystemExit(f'{base}: a notebook links {m.group(1)}, which is not a file of the '
+                             'repository')
+        rel = f.relative_to(ROOT.resolve()).as_posix()
         dest = src / '_repo' / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if not dest.exists() or dest.read_bytes() != f.read_bytes(): dest.write_bytes(f.read_bytes())
+        if not dest.exists() or dest.read_bytes() != f.read_bytes():
+            dest.write_bytes(f.read_bytes())
         wanted.add(f'_repo/{rel}')
         return f'](_repo/{rel})'
     return _REPO_LINK.sub(copy, md)
@@ -401,23 +535,29 @@ def _repo_files(md, src, wanted):
 
 def prepare(src):
     "Write the Sphinx source folder `src`; returns the notebooks' names."
-    notebooks = [Notebook(p) for p in sorted(NBS.glob('*.ipynb'))]
-    if not any(nb.name == 'index' for nb in notebooks):
+    notebooks = find_notebooks()
+    if not any(nb.name == 'index' and not nb.wing for nb in notebooks):
         raise SystemExit('nbs/index.ipynb is missing')
     full, short = build_index(notebooks)
     reexports = {}
     for nb in notebooks:
         if nb.module == '__init__': reexports.update(nb.reexports())
-    linker = Linker(full, short, {nb.name for nb in notebooks}, reexports)
+    modules = {_modname(nb.module) for nb in notebooks if nb.module}
+    linker = Linker(full, short, {nb.name: nb.wing for nb in notebooks}, reexports, modules)
+    toc = toctree_cell(notebooks)  # fails before anything is written if a notebook has no place
     wanted = set()
     for nb in notebooks:
         out = process(nb, linker)
+        for where, text in companion_notes(nb, notebooks):
+            note = {'cell_type': 'markdown', 'metadata': {}, 'source': text}
+            if where == 'end': out['cells'].append(note)
+            else: out['cells'].insert(1 if out['cells'] else 0, note)
         if nb.name == 'index':
-            out['cells'].append({'cell_type': 'markdown', 'metadata': {},
-                                 'source': toctree_cell(notebooks)})
+            out['cells'].append({'cell_type': 'markdown', 'metadata': {}, 'source': toc})
         for i, c in enumerate(out['cells']):
             c['id'] = f'c{i}'
-            if c['cell_type'] == 'markdown': c['source'] = _repo_files(c['source'], src, wanted)
+            if c['cell_type'] == 'markdown':
+                c['source'] = _repo_files(c['source'], src, wanted, nb.path.parent)
         text = json.dumps(out, indent=1, ensure_ascii=False) + '\n'
         write_if_changed(src / f'{nb.name}.ipynb', text)
         wanted.add(f'{nb.name}.ipynb')

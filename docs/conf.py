@@ -37,14 +37,17 @@ pygments_style = 'default'
 
 
 def _nb_role(name, rawtext, text, lineno, inliner, options=None, content=None):
-    """`{nb}`tensor`` links to the notebook of a module whatever its number, shown by its name
-    (`02_tensor`); `{nb}`text <tensor>`` sets the text. An unknown module is an error."""
+    """`{nb}`tensor`` links to the notebook of a module whatever its number and wing, shown by its
+    name (`02_tensor`); `{nb}`text <tensor>`` sets the text; a companion is named by its whole
+    stem after the number (`{nb}`graph_codegen`` for `05a_graph_codegen`). An unknown module, or
+    one that names two notebooks, is an error."""
     from docutils import nodes
     from sphinx import addnodes
     env = inliner.document.settings.env
     m = re.match(r'^(.*?)\s*<(\w+)>$', text)
     title, stem = (m.group(1), m.group(2)) if m else (None, text.strip())
-    found = sorted(d for d in env.found_docs if re.fullmatch(rf'(\d+_)?{re.escape(stem)}', d))
+    found = sorted(d for d in env.found_docs
+                   if re.fullmatch(rf'(\d+[a-z]?_)?{re.escape(stem)}', d))
     if len(found) != 1:
         msg = inliner.reporter.error(
             f'{{nb}} role: no single notebook for module {stem!r} (found {found})', line=lineno)

@@ -1,36 +1,135 @@
 """A literate, notebook-first autodiff and deep-learning stack on numpy, from dtypes to a quantized language model.
 
+One house in wings, each a sub-package that builds only on the wings above it in this list:
+
+- `gradus.errors`: every typed error (`GradusError` and its subclasses); every wing imports it
+- `gradus.formats`, files and tokenizers (numpy and numba only; any wing may read files):
+  - `formats.safetensors`: named arrays on disk; `atomic_write`
+  - `formats.quants`: GGML block formats and their kernels
+  - `formats.gguf`: admitting a GGUF file
+  - `formats.spm`: SentencePiece BPE
+  - `formats.tokenizer`: characters and byte-level BPE; chat templates
+- `gradus.core`, the autodiff core (builds on errors):
+  - `core.dtype`: dtypes, promotion, casts
+  - `core.shape`: broadcasting and the shape rules
+  - `core.tensor`: primitives with their VJP rules; the Tracer
+  - `core.ops`: indexing, joining, stable composites
+  - `core.pytree`: nested parameters as flat leaves
+  - `core.graph`: tracing a function to a graph IR; dead code
+  - `core.codegen`: a graph as Python source; `simplify`
+  - `core.cache`: one compiled graph per argument signature (`Transformed`)
+  - `core.fuse`: a line profiler; elementwise chains as numba kernels
+  - `core.autograd`: the VJP transform: `jit`, `grad`, `vjp`, `jvp`, `check_grads`
+  - `core.kernels`: thread pools; the contract of a hand-written kernel
+- `gradus.learn`, learning (builds on core; on formats for checkpoints):
+  - `learn.loss`: `mse`, `cross_entropy`, stable for any logits
+  - `learn.random`: keys, splits, random numbers
+  - `learn.nn`: initialisers and layers as pure functions
+  - `learn.optim`: SGD, Adam, AdamW, schedules, clipping
+  - `learn.train`: batches, the training loop, metrics, checkpoints
+- `gradus.transformer`, the GPT's parts (builds on learn):
+  - `transformer.attention`: masks, attention, RoPE, grouped-query heads, the block
+  - `transformer.causal_softmax`: the causal softmax as one kernel, with its VJP
+  - `transformer.gpt`: the GPT as pure functions
+- `gradus.lm`, running language models (builds on transformer and formats):
+  - `lm.sampling`: from logits to one token
+  - `lm.decode`: the KV cache and `generate`
+  - `lm.stream`: text as it is generated (UTF-8 and stop strings held back)
+  - `lm.models`: SmolLM2 and Gemma 3 from GGUF; one cache, one stepper
+  - `lm.qkernels`: `qmatvec`, a mat-vec over quantized blocks; the row kernels of decode
+  - `lm.engine`: the fused decode step
+  - `lm.chat`: `gradus generate` and `gradus chat`
+- `gradus.scale`, beyond one machine (builds on learn):
+  - `scale.lowering`: gradus graphs on JAX, across devices and processes
+- `gradus.jobs`, the jobs (build on everything):
+  - `jobs.shakespeare`: the main job: a character-level GPT on Shakespeare
+  - `jobs.cli`: the `gradus` command
+- `gradus.__main__`: `python -m gradus`
+
 ```python
 from gradus.errors import DTypeError
 from gradus.errors import ShapeError
 from gradus.errors import TracerError
 from gradus.core.pytree import (tree_flatten, tree_unflatten, tree_map, tree_leaves,
                            tree_flatten_with_path, keystr, tree_to_dict, tree_from_dict)
-from gradus.core.graph import jit, trace
-from gradus.core.autograd import (grad, value_and_grad, vjp, jvp, custom_vjp, check_grads,
+from gradus.core.graph import trace
+from gradus.core.autograd import (jit, grad, value_and_grad, vjp, jvp, custom_vjp, check_grads,
                              GradCheckError, show_code)
 from gradus.core import tensor, ops  # ops gives tracers x[i] and x.mean()
 ```
 
 Modules:
 
-- `gradus.core.graph`: `trace` runs a function once on tracers and records a small graph IR (inputs, equations of primitives, outputs); `eval_graph` replays it; `dce` removes what no output needs; `simplify` writes sums as BLAS products before compiling; `compile_graph` writes the graph as Python source over numpy and `exec`s it; `jit` caches one compiled graph per argument signature, found by a flat key. The autograd notebook builds its transforms on these.
+- `gradus.core.autograd`: The VJP transform writes the backward graph with the primitives' VJP rules; on the graph, DCE (graph notebook), the passes and code generation of its companions: `jit`, `grad`, `value_and_grad`, `vjp`, `jvp`, `custom_vjp`, `check_grads`, `show_code`; `compile_passes`, the pipeline they all name.
+- `gradus.core.cache`: `Transformed` is `f` under a transform (`jit`, `grad`, …): it builds, passes and compiles one graph per argument signature and calls the compiled function afterwards; on tracers it replays the graph instead (how `grad(grad(f))` works). The engineering: a flat cache key computed in one walk.
+- `gradus.core.codegen`: `compile_graph` writes a graph as Python source over numpy, one line per equation, and `exec`s it, after the passes it is given; `simplify`, the pass every transform runs first, writes sums as BLAS products. The engineering of the code: spellings chosen by what they cost in µs, views written inside their reader's line, `del` after last uses, outputs never sharing the caller's buffers.
+- `gradus.core.graph`: `trace` runs a function once on tracers and records a small graph IR (inputs, equations of primitives, outputs); `eval_graph` replays it; `dce` removes what no output needs. Its companions turn a graph into code: `05a_codegen` writes it as Python source over numpy, `05b_cache` keeps one compiled function per argument signature; the autograd notebook builds its transforms on these.
 - `gradus.core.ops`: The ops built on `tensor`'s primitives: basic indexing and gather (`getitem`, `take`) with their scatter VJPs, `concatenate`/`stack`; `PRIMITIVES`, the closed set, and the proofs over it (the same errors eagerly and traced, the dot-product test of every VJP rule); composites made stable (`mean`, `var`, `logsumexp`, `log_softmax`, `softmax`, `sigmoid`, `softplus`, `gelu`).
 - `gradus.core.pytree`: Parameters are nested dicts, lists and tuples of arrays; transforms work on flat lists. A pytree is flattened into its leaves and a `TreeDef` that rebuilds it (`tree_flatten`/`tree_unflatten`, or one generated expression, `tree_unflattener`), mapped leaf by leaf (`tree_map`), and named by paths (`keystr`, `tree_to_dict`/`tree_from_dict`, the one naming convention of checkpoints and safetensors files).
 - `gradus.formats.tokenizer`: A character tokenizer for small experiments, and the byte-level BPE tokenizer of the GPT-2 family built from a GGUF file's metadata: pre-tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2), merges, chat templates rendered within a budget; `from_gguf` builds it, or SentencePiece BPE (`gradus.formats.spm`).
 - `gradus.jobs.cli`: One console entry point, `gradus`, with a subcommand per job: `gradus shakespeare` trains the character-level GPT (the main job); `gradus inspect FILE` prints the manifest of a GGUF or safetensors file; `gradus generate "prompt"` runs a GGUF language model (SmolLM2 by default) and `gradus chat` talks with one.
-- `gradus.lm.chat`: `gradus generate "prompt"` and `gradus chat`: choose a model (`--model`, `--gguf`), run it on the fused decode kernels where they apply and on the models' cached forward elsewhere, stream the text, and in a chat keep the KV cache from one turn to the next so that each turn prefills only its own tokens.
-- `gradus.lm.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers); `generate`, which drives any model's `step(tokens, pos)` with the sampler of `gradus.lm.sampling` and streams text; the decode-parity harness; the GPT as a model to decode.
-- `gradus.lm.engine`: One token at a time, as one parallel region whose workers claim rows from atomic counters: the row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per layer, a decode step proved against `models.apply`, `stepper` for `decode.generate` (and the `gradus generate` and `gradus chat` commands of `gradus.lm.chat`).
-- `gradus.lm.models`: Decoder-only language models run from GGUF files: hyperparameters from the metadata, weights kept in their block formats, one forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention) whose options cover two families, Llama (SmolLM2-135M) and Gemma 3 (270M); `from_gguf`, `apply`, and a cached `stepper` for `decode.generate`. The fast Llama decode kernels are the next notebook's (`engine`).
-- `gradus.lm.qkernels`: The numba building blocks of the decode step: activations rounded to int8 blocks as llama.cpp does, row kernels that read Q4_0, Q4_1 and Q8_0 blocks in place four rows per pass, `qmatvec` proved against `dense(W) @ x`, and the LLVM intrinsics numba lacks (float16 scales, prefetch, atomics).
+- `gradus.jobs.shakespeare`: The main job's idea, carried to a result: the plays as plain text, a vocabulary of characters, the GPT of 15_gpt trained with AdamW through gradus's generated backward code, its loss falling past two baselines counted by hand, and a sample of what it writes. The engineering of the `gradus shakespeare` command (the plays' markdown, settings checked before a run, the run folder, its metrics log, checkpoint and resume, the flags) is the companion, 16a_shakespeare_run, whose code joins this notebook's in one module, `gradus.jobs.shakespeare`.
+- `gradus.lm.chat`: `gradus generate "prompt"` and `gradus chat`: choose a model (`--model`, `--gguf`), run it through `models.stepper` (the fused decode kernels where they apply, the models' cached forward elsewhere), stream the text, and in a chat keep the KV cache from one turn to the next so that each turn prefills only its own tokens.
+- `gradus.lm.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers) and the attention hook it gives a model's forward; `cached_step`, a model's step over it; `generate`, which drives any model's `step(tokens, pos)` with the sampler of `gradus.lm.sampling`; the decode-parity harness; what the cache buys, measured.
+- `gradus.lm.engine`: One token at a time, as one parallel region whose workers claim rows from atomic counters: the row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per layer, a decode step proved against `models.apply`. The engine implements Llama's options and refuses every other (`unsupported`, `check`); `models.stepper` runs one-token steps on it where it applies (and so do the `gradus generate` and `gradus chat` commands of `gradus.lm.chat`).
+- `gradus.lm.models`: Decoder-only language models run from GGUF files: hyperparameters from the metadata, weights kept in their block formats, one forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention) whose options cover two families, Llama (SmolLM2-135M) and Gemma 3 (270M); `from_gguf` and `apply`. And the one inference path of gradus: `new_cache` for any model's config (these two families' and the GPT's) and `stepper`, the step `decode.generate` drives, on the fused engine (`engine`) where it implements the model and on `forward` (or `gpt.apply`) elsewhere.
+- `gradus.lm.qkernels`: One decode token reads every weight once, so a model multiplies its matrices in their stored GGML blocks: `qmatvec` keeps `x` in float32 (`exact=True`, the block formats' own kernels) or rounds it to int8 blocks as llama.cpp does (`exact=False`, a row kernel that reads Q4_0, Q4_1 and Q8_0 blocks), proved against `dense(W) @ x`. The engine's faster row kernels (four rows a pass, float16 scales through `fpext`, prefetch) and its atomics are in the companion, 25a.
+- `gradus.lm.stream`: Streaming the text of a generation: the bytes of a UTF-8 character that has not arrived whole, and any tail that could begin a stop string, are held back until they are known. `StopScan`, `PlainStream` and `text_stream`, which `decode.generate` uses; a companion of the decode notebook (23), which a learner may skip.
 - `gradus.scale.lowering`: `to_jax(f, *example_args)`: the graph gradus traces for `f` (forward, generated backward, the whole training step) run by one JAX rule per primitive; data-parallel training over a device mesh (`jax.jit` with `NamedSharding`, and `shard_map` with `pmean`); the same step across processes.
-- `gradus.transformer.gpt`: The nanoGPT-shaped GPT: token and learned position embeddings, pre-LayerNorm blocks with causal multi-head attention, a GELU MLP of 4× width, a final LayerNorm, and an output head tied to the token embedding. `init(key, config)`, `apply(params, tokens, config)`, and `apply_cached`, the same forward over a KV cache."""
+- `gradus.transformer.attention`: Attention built up a step at a time: a weighted average of the past as a matrix product, weights from scores through a masked softmax (causal and sliding-window masks), scaled dot-product attention, one head, many heads, grouped-query heads, rotary position embeddings (RoPE), and the pre-LayerNorm transformer block. The causal softmax's numba kernel is the companion, 14a_causal_softmax.
+- `gradus.transformer.causal_softmax`: The companion of 14_attention, which a learner may skip: the weights of attention under a causal mask computed by two numba loops around numpy's `exp`, its VJP as a third loop, both proved against the general path (the scores masked and passed through `softmax`), and the rule that `scaled_dot_product_attention` uses them only where the mask is exactly causal.
+- `gradus.transformer.gpt`: The nanoGPT-shaped GPT: token and learned position embeddings, pre-LayerNorm blocks with causal multi-head attention, a GELU MLP of 4× width, a final LayerNorm, and an output head tied to the token embedding. `init(key, config)` and `apply(params, tokens, config)`, which also runs new positions against keys kept elsewhere (`pos`, `kv`): the forward that decodes is this one."""
 
 __version__ = "0.0.1"
 """A literate, notebook-first autodiff and deep-learning stack on numpy: from dtypes and shapes to a
 generated backward pass, a GPT trained on Shakespeare, and a quantized language model run from its
-GGUF file."""
+GGUF file.
+
+One house in wings, each a sub-package that builds only on the wings above it in this list:
+
+- `gradus.errors`: every typed error (`GradusError` and its subclasses); every wing imports it
+- `gradus.formats`, files and tokenizers (numpy and numba only; any wing may read files):
+  - `formats.safetensors`: named arrays on disk; `atomic_write`
+  - `formats.quants`: GGML block formats and their kernels
+  - `formats.gguf`: admitting a GGUF file
+  - `formats.spm`: SentencePiece BPE
+  - `formats.tokenizer`: characters and byte-level BPE; chat templates
+- `gradus.core`, the autodiff core (builds on errors):
+  - `core.dtype`: dtypes, promotion, casts
+  - `core.shape`: broadcasting and the shape rules
+  - `core.tensor`: primitives with their VJP rules; the Tracer
+  - `core.ops`: indexing, joining, stable composites
+  - `core.pytree`: nested parameters as flat leaves
+  - `core.graph`: tracing a function to a graph IR; dead code
+  - `core.codegen`: a graph as Python source; `simplify`
+  - `core.cache`: one compiled graph per argument signature (`Transformed`)
+  - `core.fuse`: a line profiler; elementwise chains as numba kernels
+  - `core.autograd`: the VJP transform: `jit`, `grad`, `vjp`, `jvp`, `check_grads`
+  - `core.kernels`: thread pools; the contract of a hand-written kernel
+- `gradus.learn`, learning (builds on core; on formats for checkpoints):
+  - `learn.loss`: `mse`, `cross_entropy`, stable for any logits
+  - `learn.random`: keys, splits, random numbers
+  - `learn.nn`: initialisers and layers as pure functions
+  - `learn.optim`: SGD, Adam, AdamW, schedules, clipping
+  - `learn.train`: batches, the training loop, metrics, checkpoints
+- `gradus.transformer`, the GPT's parts (builds on learn):
+  - `transformer.attention`: masks, attention, RoPE, grouped-query heads, the block
+  - `transformer.causal_softmax`: the causal softmax as one kernel, with its VJP
+  - `transformer.gpt`: the GPT as pure functions
+- `gradus.lm`, running language models (builds on transformer and formats):
+  - `lm.sampling`: from logits to one token
+  - `lm.decode`: the KV cache and `generate`
+  - `lm.stream`: text as it is generated (UTF-8 and stop strings held back)
+  - `lm.models`: SmolLM2 and Gemma 3 from GGUF; one cache, one stepper
+  - `lm.qkernels`: `qmatvec`, a mat-vec over quantized blocks; the row kernels of decode
+  - `lm.engine`: the fused decode step
+  - `lm.chat`: `gradus generate` and `gradus chat`
+- `gradus.scale`, beyond one machine (builds on learn):
+  - `scale.lowering`: gradus graphs on JAX, across devices and processes
+- `gradus.jobs`, the jobs (build on everything):
+  - `jobs.shakespeare`: the main job: a character-level GPT on Shakespeare
+  - `jobs.cli`: the `gradus` command
+- `gradus.__main__`: `python -m gradus`"""
 
 # AUTOGENERATED! DO NOT EDIT! File to edit: ../nbs/index.ipynb.
 
@@ -43,7 +142,7 @@ from .errors import ShapeError
 from .errors import TracerError
 from .core.pytree import (tree_flatten, tree_unflatten, tree_map, tree_leaves,
                            tree_flatten_with_path, keystr, tree_to_dict, tree_from_dict)
-from .core.graph import jit, trace
-from .core.autograd import (grad, value_and_grad, vjp, jvp, custom_vjp, check_grads,
+from .core.graph import trace
+from .core.autograd import (jit, grad, value_and_grad, vjp, jvp, custom_vjp, check_grads,
                              GradCheckError, show_code)
 from .core import tensor, ops  # ops gives tracers x[i] and x.mean()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gradus.transformer import attention as A
 from gradus.learn import random
+from gradus.errors import ShapeError
 
 RNG = np.random.default_rng(1234)
 
@@ -148,6 +149,30 @@ def test_multi_head_attention_matches_loop(n_heads, n_kv, rope):
         np.testing.assert_allclose(got[b], mha_loop(p, x[b], n_heads, n_kv, mask_loop(t, t), rope),
                                    rtol=1e-10, atol=1e-12)
 
+
+
+def test_kv_hook_gets_the_new_rows_and_its_keys_are_attended():
+    """The hook receives the keys and values of the new positions only (after RoPE), and the
+    queries attend to what it returns under its mask: a hook that prepends the rows of earlier
+    positions gives the last rows of the whole sequence at once; a mask besides the hook is
+    refused."""
+    dim, n_heads, n_kv, t = 24, 4, 2, 6
+    p = f64(A.attention_init(random.key(1), dim, n_heads, n_kv, dtype=np.float64))
+    x = RNG.standard_normal((2, t, dim))
+    whole = A.multi_head_attention(p, x, n_heads, n_kv, mask=A.causal_mask(t), rope=True)
+    seen = []
+    past = {}
+    def kv(k, v):
+        seen.append(k.shape)
+        if past: k, v = np.concatenate([past['k'], k], -2), np.concatenate([past['v'], v], -2)
+        past['k'], past['v'] = k, v
+        return k, v, A.causal_mask(seen[-1][-2], k.shape[-2])
+    A.multi_head_attention(p, x[:, :4], n_heads, n_kv, rope=True, kv=kv)
+    last = A.multi_head_attention(p, x[:, 4:], n_heads, n_kv, rope=True, offset=4, kv=kv)
+    assert seen == [(2, n_kv, 1, 4, dim // n_heads), (2, n_kv, 1, 2, dim // n_heads)]
+    np.testing.assert_allclose(last, whole[:, 4:], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ShapeError, match='kv hook'):
+        A.multi_head_attention(p, x, n_heads, n_kv, mask=A.causal_mask(t), kv=kv)
 
 # ---------- the pre-LN transformer block ----------
 def layer_norm_ref(x, scale, bias, eps=1e-5):

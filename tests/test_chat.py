@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from gradus.lm import chat, decode, models
+from gradus.lm import chat, decode, engine, models
 from gradus.formats import gguf as G
 from gradus.jobs.cli import main
 from gradus.formats.quants import GGMLType
@@ -67,8 +67,8 @@ def test_reply_that_retokenizes_differently_rewinds_the_cache(model):
     assert s.last.n_prompt == len(transcript) - (held - 3)
     assert s.cache.length == len(transcript) + len(s.last.tokens) - 1
     cache = models.new_cache(model.config, 128)
-    fresh = decode.generate(chat.model_step(model, cache, True), np.array(transcript), GREEDY,
-                            model.tokenizer, cache)
+    step = models.stepper(model.params, model.config, cache, True)
+    fresh = decode.generate(step, np.array(transcript), GREEDY, model.tokenizer, cache)
     assert [e.token for e in fresh] == s.last.tokens
 
 
@@ -189,20 +189,27 @@ def test_model_flags_one_line(monkeypatch, capsys):
 
 
 @needs_model
-def test_fused_kernels_only_where_they_apply(model):
+def test_fused_kernels_only_where_they_apply(model, monkeypatch):
+    "The one stepper runs the engine where `unsupported` is empty, models.forward elsewhere."
     p, c = model.params, model.config
-    assert chat.is_fused(p, c)
-    assert not chat.is_fused(p, c._replace(architecture='gemma3'))
+    assert engine.unsupported(p, c) == []
     q6 = p['output']._replace(type=GGMLType.Q6_K)
-    assert not chat.is_fused({**p, 'output': q6}, c)
+    assert engine.unsupported({**p, 'output': q6}, c) == ["block types=['Q4_1', 'Q6_K']"]
     mixed = [dict(lp) for lp in p['layers']]
     mixed[3]['wq'] = mixed[3]['wq']._replace(type=GGMLType.Q8_0)
-    assert not chat.is_fused({**p, 'layers': mixed}, c)
-    other = model._replace(config=c._replace(architecture='other'))   # runs on models.stepper
+    assert engine.unsupported({**p, 'layers': mixed}, c) == ["block types=['Q4_1', 'Q8_0']"]
     ids = np.array(model.tokenizer.encode("The capital of France is"))
-    cache = models.new_cache(c, 8)
-    got = chat.model_step(other, cache)(ids, 0)
-    np.testing.assert_allclose(got, models.apply(p, ids, c)[-1], atol=1e-4)
+    calls, real = [], engine.decode_step
+    monkeypatch.setattr(engine, 'decode_step', lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    for params, fused in ((p, True), ({**p, 'output': q6}, False)):
+        cache = models.new_cache(c, 8)
+        step = models.stepper(params, c, cache, exact=True)
+        got = [step(ids, 0), step(ids[-1:], len(ids))]
+        assert calls == ([ids[-1]] if fused else []), (fused, calls)
+        calls.clear()
+        full = models.apply(params, np.concatenate([ids, ids[-1:]]), c)
+        np.testing.assert_allclose(got[0], full[len(ids) - 1], atol=1e-3)
+        np.testing.assert_allclose(got[1], full[-1], atol=1e-3)
 
 
 def test_gemma3_generates_on_models_stepper(capsys):

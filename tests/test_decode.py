@@ -8,18 +8,9 @@ from gradus.transformer import gpt
 from gradus.learn import random as R
 from gradus.transformer.attention import causal_mask
 from gradus.core.pytree import tree_map
-from gradus.lm.decode import (
-    CacheError,
-    KVCache,
-    GenerationConfig,
-    Event,
-    sample,
-    generate,
-    decode_parity,
-    gpt_cache,
-    gpt_step,
-    generate_gpt,
-)
+from gradus.lm.decode import KVCache, Event, generate, decode_parity, cached_step
+from gradus.lm.sampling import GenerationConfig, sample
+from gradus.lm import models
 from gradus.lm.sampling import (
     STOP_REASONS,
     apply_penalties,
@@ -28,7 +19,7 @@ from gradus.lm.sampling import (
     keep_min_p,
     sampler_stages,
 )
-from gradus.errors import ShapeError
+from gradus.errors import CacheError, ShapeError
 from gradus.formats.tokenizer import BPETokenizer, CharTokenizer, byte_to_unicode
 
 rng = np.random.default_rng(0)
@@ -702,8 +693,7 @@ def gpt_params(dtype):
 
 def gpt_parity(dtype, tokens, n_prefill):
     p = gpt_params(dtype)
-    cache = gpt_cache(TINY, dtype=dtype)
-    step = gpt_step(p, TINY, cache)
+    step = models.stepper(p, TINY, models.new_cache(TINY, dtype=dtype), all_logits=True)
     forward = lambda t: gpt.apply(p, t[None], TINY)[0]
     return decode_parity(step, forward, tokens, n_prefill)
 
@@ -723,43 +713,96 @@ def test_gpt_decode_parity_float32():
 def test_gpt_cache_positions_continue():
     "A decode step uses the position embedding of its absolute position: a wrong pos is refused."
     p = gpt_params(np.float64)
-    cache = gpt_cache(TINY, dtype=np.float64)
-    gpt.apply_cached(p, np.array([1, 2, 3]), TINY, cache)
+    cache = models.new_cache(TINY, dtype=np.float64)
+    step = models.stepper(p, TINY, cache, all_logits=True)
+    step(np.array([1, 2, 3]), 0)
     with pytest.raises(CacheError, match='gap'):
-        gpt.apply_cached(p, np.array([4]), TINY, cache, pos=5)
+        step(np.array([4]), 5)
     with pytest.raises(CacheError, match='overwrite'):
-        gpt.apply_cached(p, np.array([4]), TINY, cache, pos=0)
+        cached_step(lambda t, pos, kv: gpt.apply(p, t, TINY, pos=pos, kv=kv), cache)([4], 0)
     full = gpt.apply(p, np.array([[1, 2, 3, 4]]), TINY)[0, -1]
-    assert np.abs(gpt.apply_cached(p, np.array([4]), TINY, cache)[-1] - full).max() < 1e-12
-    with pytest.raises(ShapeError, match='exceed block_size'):
-        gpt.apply_cached(p, np.arange(13), TINY, cache)
+    assert np.abs(step(np.array([4]), 3)[-1] - full).max() < 1e-12
     with pytest.raises(ValueError, match="exceeds the GPT's block_size"):
-        gpt_cache(TINY, capacity=17)
+        models.new_cache(TINY, capacity=17)
+    with pytest.raises(ShapeError, match='outside block_size'):
+        gpt.apply(p, np.arange(13)[None], TINY, pos=4)
 
 
 def test_gpt_generate_with_decode_generate_stops_at_cache_full():
     p = gpt_params(np.float32)
-    cache = gpt_cache(TINY)
+    cache = models.new_cache(TINY)
     cfg = GenerationConfig(max_new_tokens=100, seed=1)
-    g = generate(gpt_step(p, TINY, cache), [1, 2, 3], cfg, cache=cache)
+    g = generate(models.stepper(p, TINY, cache), [1, 2, 3], cfg, cache=cache)
     toks = [e.token for e in g]
     assert g.stop_reason == 'cache_full' and len(toks) == 14 and cache.length == 16
 
 
-def test_gpt_generate_sampler_rules():
-    "Issue 9: temperature 0 is the argmax, top_k 0 is off, top_k 1 is greedy; negatives raise."
+def sliding(p, prompt, n, key=None, **settings):
+    "The ids of a GPT generation past block_size: its step slides, generate runs without the cache."
+    step = models.stepper(p, TINY, models.new_cache(TINY, dtype=p['wte'].dtype))
+    run = generate(step, prompt, GenerationConfig(max_new_tokens=n, **settings), key=key)
+    return list(prompt) + [e.token for e in run]
+
+
+def test_gpt_generate_slides_past_block_size():
+    """Temperature 0 is the argmax of the full forward over the last block_size tokens, top_k 1 is
+    greedy, top_k 0 is off; the sampling key defaults to key(seed) and can be given."""
     p = gpt_params(np.float64)
-    greedy = generate_gpt(p, TINY, [1], 24, R.key(5), temperature=0)  # past block_size 16
-    assert (greedy == generate_gpt(p, TINY, [1], 24, R.key(7), top_k=1)).all()
+    greedy = sliding(p, [1], 24, temperature=0)  # past block_size 16
+    assert greedy == sliding(p, [1], 24, R.key(7), top_k=1)
     seq = [1]
     for _ in range(24):
         ctx = np.asarray(seq[-TINY.block_size :])[None]
         seq.append(int(np.argmax(gpt.apply(p, ctx, TINY)[0, -1])))
-    assert greedy.tolist() == seq
-    a = generate_gpt(p, TINY, [1], 30, R.key(5), top_k=0)
-    b = generate_gpt(p, TINY, [1], 30, R.key(5), top_k=None)
-    assert (a == b).all() and len(set(a.tolist())) > 3
-    with pytest.raises(ValueError, match='temperature'):
-        generate_gpt(p, TINY, [1], 3, R.key(5), temperature=-1)
-    with pytest.raises(ValueError, match='top_k'):
-        generate_gpt(p, TINY, [1], 3, R.key(5), top_k=-1)
+    assert greedy == seq
+    a, b = sliding(p, [1], 30, R.key(5)), sliding(p, [1], 30, seed=5)
+    assert a == b and len(set(a)) > 3
+    assert sliding(p, [1], 30, R.key(6)) != a
+    long = list(range(13)) * 2                          # a prompt longer than the context
+    assert sliding(p, long, 3, temperature=0)[-3:] == sliding(p, long[-16:], 3, temperature=0)[-3:]
+
+
+def test_sliding_step_refuses_a_gap_and_forgets_on_rewind():
+    p = gpt_params(np.float64)
+    cache = models.new_cache(TINY, dtype=np.float64)
+    step = models.stepper(p, TINY, cache, all_logits=True)
+    step([1, 2, 3], 0)
+    with pytest.raises(CacheError, match='leave a gap'):
+        step([4], 5)
+    cache.truncate(1)
+    z = step([7, 8], 1)                                 # positions 1.. again, new tokens
+    full = gpt.apply(p, np.array([[1, 7, 8]]), TINY)[0, 1:]
+    assert np.abs(z - full).max() < 1e-12
+
+
+def test_reserve_claims_every_layer_and_checks_as_write():
+    c = KVCache(2, 6, 2, 3, windows=[None, 2])
+    for l in range(2): c.write(l, 0, rows(3), rows(3))
+    c.commit(3)
+    k, v, starts = c.reserve(3, 2)
+    assert k.shape == (2, 2, 5, 3) and starts.tolist() == [0, 2]
+    k[:, :, 3:], v[:, :, 3:] = 1.0, 2.0
+    c.commit(2)
+    assert c.length == 5 and (c.k[:, :, 3:5] == 1).all() and (c.v[:, :, 3:5] == 2).all()
+    with pytest.raises(CacheError, match='overflows'):
+        c.reserve(5, 2)
+    with pytest.raises(CacheError, match='gap'):
+        c.reserve(6)
+    with pytest.raises(CacheError, match='n must be'):
+        c.reserve(5, 0)
+    c.reserve(5)
+    with pytest.raises(CacheError, match='commit'):
+        c.commit(2)
+
+
+def test_attend_mask_and_hook_layout():
+    c = KVCache(1, 8, 2, 3, windows=[3])
+    k, v, mask = c.attend(0, 0, rows(4), rows(4))
+    want = causal_mask(4, window=3)
+    assert k.shape == (2, 4, 3) and (mask == want).all()
+    c.commit(4)
+    hook = c.hook(4)
+    with pytest.raises(ShapeError, match='batch 1'):
+        hook(0, rows(1)[None, :, None].repeat(2, 0), rows(1)[None, :, None].repeat(2, 0))
+    k5, v5, m5 = hook(0, rows(1)[None, :, None], rows(1)[None, :, None])
+    assert k5.shape == (1, 2, 1, 3, 3) and m5.tolist() == [[True, True, True]]

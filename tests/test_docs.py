@@ -24,7 +24,8 @@ needs_docs = pytest.mark.skipif(
     reason=f"docs extra not installed ({', '.join(MISSING)}): pip install -e '.[docs]'")
 needs_browser = pytest.mark.skipif(
     CHROMIUM is None, reason='no chromium on PATH: apt-get install -y chromium')
-NOTEBOOKS = sorted(NBS.glob('*.ipynb'))
+# the package's own notebooks (nbs/) and the wings' (nbs/<wing>/); a page is named by the stem
+NOTEBOOKS = sorted([*NBS.glob('*.ipynb'), *NBS.glob('*/*.ipynb')], key=lambda p: p.stem)
 
 
 def _load_build():
@@ -194,6 +195,58 @@ def test_every_notebook_has_a_page(seen):
         assert seen[page]['text'] > 200, f'{page} shows almost no text'
 
 
+class _Sidebar(html.parser.HTMLParser):
+    "The sidebar of a page: [(caption, [page linked])] in order."
+    def __init__(self):
+        super().__init__()
+        self.sections, self.in_caption, self.in_nav = [], False, 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == 'nav' and 'bd-docs-nav' in (a.get('class') or ''): self.in_nav = 1
+        elif tag == 'nav' and self.in_nav: self.in_nav += 1
+        if not self.in_nav: return
+        if tag == 'span' and 'caption-text' in (a.get('class') or ''): self.in_caption = True
+        if tag == 'a' and self.sections and a.get('href', '').endswith('.html'):
+            self.sections[-1][1].append(a['href'].rsplit('/', 1)[-1][:-5])
+
+    def handle_endtag(self, tag):
+        if tag == 'nav' and self.in_nav: self.in_nav -= 1
+        if tag == 'span': self.in_caption = False
+
+    def handle_data(self, data):
+        if self.in_caption and data.strip(): self.sections.append((data.strip(), []))
+
+
+@needs_docs
+def test_sidebar_follows_the_wings(site):
+    """The sidebar has a section per wing in reading order, each listing its notebooks by number,
+    a companion (`05a_...`) right after its lesson; every notebook is in exactly one section."""
+    bar = _Sidebar()
+    bar.feed((site / 'index.html').read_text(encoding='utf-8'))
+    caps = [c for c, _ in bar.sections]
+    b = _load_build()
+    want = list(dict.fromkeys(c for c, *_ in b.SECTIONS))
+    assert [c for c in caps if c in want] == [c for c in want if c in caps], caps
+    assert caps[0] == 'Guides' and want[0] in caps and 'Errors' in caps, caps
+    listed = [p for c, pages in bar.sections if c != 'Guides' for p in pages]
+    stems = sorted(p.stem for p in NOTEBOOKS if p.stem != 'index')
+    assert sorted(listed) == stems, (sorted(set(stems) - set(listed)), listed)
+    for cap, pages in bar.sections:
+        nums = [re.match(r'(\d+)([a-z]?)_', p) for p in pages]
+        keys = [(int(m.group(1)), m.group(2)) for m in nums if m]
+        assert keys == sorted(keys), (cap, pages)
+    wing = {p.stem: p.parent.name for p in NOTEBOOKS}
+    for cap, pages in bar.sections[1:]:  # one wing a section; the command line: jobs and nbs/
+        assert len({wing[p] for p in pages}) <= (2 if cap == 'The command line' else 1), pages
+    part1 = next(pages for c, pages in bar.sections if c == want[0])
+    assert part1[0] == '00_dtype' and all(wing[p] == 'core' for p in part1), part1
+    text = (site / 'index.html').read_text(encoding='utf-8')
+    for p in NOTEBOOKS:
+        if re.match(r'\d+[a-z]_', p.stem):
+            assert re.search(rf'href="{p.stem}.html">[^<]*↳', text), f'{p.stem}: not marked'
+
+
 @needs_docs
 @needs_browser
 def test_formulas_are_typeset(seen):
@@ -229,8 +282,8 @@ def test_search_finds_an_api_name(seen):
     home = _defining_notebook('logsumexp')
     assert home, 'no notebook defines logsumexp'
     results = seen['search.html?q=logsumexp']['results']
-    assert any(h.split('#')[0].endswith(f'{home}.html') and h.endswith('#gradus.core.ops.logsumexp')
-               for h in results), results
+    assert any(h.split('#')[0].endswith(f'{home}.html')
+               and h.endswith('#gradus.core.ops.logsumexp') for h in results), results
 
 
 class _Links(html.parser.HTMLParser):
@@ -318,7 +371,8 @@ def test_directives_are_honoured(tmp_path):
     path = tmp_path / '07_demo.ipynb'
     path.write_text(json.dumps(_nb([
         ('markdown', '# demo\n\nSee `twice` and `D.twice()`, not `nothing`, and ``twice``.'),
-        ('code', '#| default_exp demo'),
+        ('markdown', '#| export\nA summary for the package docstring.'),
+        ('code', '#| default_exp core.demo'),
         ('code', '#| hide\nsecret = 1', [_out('hidden output\n')]),
         ('code', '#| export\n#| hide\ndef hidden_impl():\n    "Documented, source hidden."'),
         ('code', f'#| export\n{TWICE}\n_private = 0\nLIMIT = 3'),
@@ -326,31 +380,143 @@ def test_directives_are_honoured(tmp_path):
         ('code', '#| output: false\nprint("no output")', [_out('dropped output\n')]),
         ('code', '# NBVAL_CHECK_OUTPUT\nx = 1\ny = 2  #| hide_line\nprint(x)', [_out('1\n')]),
         ('code', f'#| export\n{HALF}'),
-        ('code', 'from gradus import demo as D'),
+        ('code', 'from gradus.core import demo as D'),
     ])))
-    nb = b.Notebook(path)
+    nb = b.Notebook(path, 'core')
     full, short = b.build_index([nb])
-    assert set(full) == {'gradus.demo', 'gradus.demo.hidden_impl', 'gradus.demo.twice',
-                         'gradus.demo.LIMIT', 'gradus.demo.Half', 'gradus.demo.Half.of'}
-    out = b.process(nb, b.Linker(full, short, {'07_demo'}, {}))
+    m = 'gradus.core.demo'
+    assert set(full) == {m, f'{m}.hidden_impl', f'{m}.twice', f'{m}.LIMIT', f'{m}.Half',
+                         f'{m}.Half.of'}
+    out = b.process(nb, b.Linker(full, short, {'07_demo': 'core'}, {}, {m}))
     text = json.dumps(out)
     assert 'secret' not in text and 'hidden output' not in text and 'default_exp' not in text
     assert 'def hidden_impl' not in text and 'dropped output' not in text and 'NBVAL' not in text
     code = [c for c in out['cells'] if c['cell_type'] == 'code']
     assert [c['source'] for c in code] == [
         f'{TWICE}\n_private = 0\nLIMIT = 3', 'print("only the output")', 'print("no output")',
-        'x = 1\nprint(x)', HALF, 'from gradus import demo as D']
+        'x = 1\nprint(x)', HALF, 'from gradus.core import demo as D']
     assert code[1]['metadata']['tags'] == ['remove-input'] and code[1]['outputs']
     assert code[2]['outputs'] == [] and code[3]['outputs'][0]['text'] == '1\n'
     md = [c['source'] for c in out['cells'] if c['cell_type'] == 'markdown']
-    assert md[0] == ('# demo\n\nSee {py:obj}`twice <gradus.demo.twice>` and '
-                     '{py:obj}`D.twice() <gradus.demo.twice>`, not `nothing`, and ``twice``.')
-    assert md[1] == '```{py:module} gradus.demo\n:no-contents-entry:\n```'  # `gradus.demo` target
-    assert '{py:function} hidden_impl()' in md[2] and 'Documented, source hidden.' in md[2]
-    assert ('{py:function} twice(x: float) -> float\n:module: gradus.demo\n\n'
-            'Return `2 * x`; see `half`.') in md[3]
-    assert '{py:data} LIMIT' in md[3] and '_private' not in md[3]
-    assert '{py:class} Half' in md[4] and '{py:method} of(x)' in md[4]
+    assert md[0] == ('# demo\n\nSee {py:obj}`twice <gradus.core.demo.twice>` and '
+                     '{py:obj}`D.twice() <gradus.core.demo.twice>`, not `nothing`, and ``twice``.')
+    assert md[1] == f'```{{py:module}} {m}\n:no-contents-entry:\n```'  # the module's target
+    assert md[2] == 'A summary for the package docstring.'  # its `#| export` is nbdev's
+    assert '{py:function} hidden_impl()' in md[3] and 'Documented, source hidden.' in md[3]
+    assert ('{py:function} twice(x: float) -> float\n:module: gradus.core.demo\n\n'
+            'Return `2 * x`; see `half`.') in md[4]
+    assert '{py:data} LIMIT' in md[4] and '_private' not in md[4]
+    assert '{py:class} Half' in md[5] and '{py:method} of(x)' in md[5]
+
+
+def _write(root, rel, cells):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_nb(cells)))
+    return path
+
+
+def _wings(tmp_path):
+    "A small nbs/ in wings: two lessons of core with a companion, a job, the command line."
+    b = _load_build()
+    nbs = tmp_path / 'nbs'
+    _write(nbs, 'index.ipynb', [('markdown', '# demo'), ('code', '#| default_exp __init__'),
+                                ('code', '#| export\nfrom gradus.core.tensor import add')])
+    _write(nbs, 'errors.ipynb', [('markdown', '# errors'), ('code', '#| default_exp errors')])
+    _write(nbs, '30_main.ipynb', [('markdown', '# main'), ('code', '#| default_exp __main__')])
+    _write(nbs, 'core/02_tensor.ipynb', [
+        ('markdown', '# tensor'), ('code', '#| default_exp core.tensor'),
+        ('code', '#| export\ndef add(a, b): return a + b\ndef sum(x): return x\n'
+                 'class Tracer:\n    def mean(self):\n        "The mean."')])
+    _write(nbs, 'core/05_graph.ipynb', [
+        ('markdown', '# graph'), ('code', '#| default_exp core.graph'),
+        ('code', '#| export\ndef trace(f): return f')])
+    _write(nbs, 'core/05a_codegen.ipynb', [
+        ('markdown', '# `codegen` — source'), ('code', '#| default_exp core.codegen')])
+    _write(nbs, 'learn/11_nn.ipynb', [
+        ('markdown', '# nn'), ('code', '#| default_exp learn.nn'),
+        ('code', '#| export\ndef linear(p, x): return x\ndef sum(x): return x'),
+        ('code', 'from gradus.core import tensor as T\nimport gradus as gd')])
+    _write(nbs, 'jobs/29_cli.ipynb', [('markdown', '# cli'), ('code', '#| default_exp jobs.cli')])
+    _write(nbs, 'jobs/16_job.ipynb', [('markdown', '# job'), ('code', '#| default_exp jobs.job')])
+    return b, nbs
+
+
+def test_notebooks_are_found_in_their_wings(tmp_path):
+    b, nbs = _wings(tmp_path)
+    found = {nb.name: (nb.wing, nb.number, nb.letter) for nb in b.find_notebooks(nbs)}
+    assert found == {'index': ('', None, ''), 'errors': ('', None, ''), '30_main': ('', 30, ''),
+                     '02_tensor': ('core', 2, ''), '05_graph': ('core', 5, ''),
+                     '05a_codegen': ('core', 5, 'a'), '11_nn': ('learn', 11, ''),
+                     '16_job': ('jobs', 16, ''), '29_cli': ('jobs', 29, '')}
+    _write(nbs, 'learn/05_graph.ipynb', [('markdown', '# again')])
+    with pytest.raises(SystemExit, match="two notebooks named '05_graph'"):
+        b.find_notebooks(nbs)
+
+
+def test_sections_follow_the_reading_order(tmp_path):
+    b, nbs = _wings(tmp_path)
+    notebooks = b.find_notebooks(nbs)
+    got = [(caption, [nb.name for nb in group]) for caption, group in b.sections(notebooks)]
+    assert got == [
+        ('Part I, training: the autodiff core', ['02_tensor', '05_graph', '05a_codegen']),
+        ('Part I, training: learning', ['11_nn']),
+        ('Part I, training: the main job', ['16_job']),
+        ('The command line', ['29_cli', '30_main']),
+        ('Errors', ['errors'])]
+    toc = b.toctree_cell(notebooks)
+    assert '05_graph\n↳ companion: codegen — source <05a_codegen>\n' in toc
+    assert toc.index(':caption: Part I, training: learning') < toc.index(':caption: Errors')
+    by = {nb.name: nb for nb in notebooks}
+    assert b.lesson_of(by['05a_codegen'], notebooks) is by['05_graph']
+    [(where, note)] = b.companion_notes(by['05_graph'], notebooks)
+    assert where == 'end' and '{doc}`05a_codegen` holds' in note
+    [(where, note)] = b.companion_notes(by['05a_codegen'], notebooks)
+    assert where == 'top' and 'companion of {doc}`05_graph`' in note
+    assert b.companion_notes(by['11_nn'], notebooks) == []
+    _write(nbs, 'misc/40_odd.ipynb', [('markdown', '# odd')])  # a wing with no place: refused
+    with pytest.raises(SystemExit, match='40_odd.ipynb: not in exactly one section'):
+        b.sections(b.find_notebooks(nbs))
+
+
+def test_dotted_names_and_notebook_paths_are_linked(tmp_path):
+    "API names resolve through wings and aliases; a notebook path links only where it is right."
+    b, nbs = _wings(tmp_path)
+    notebooks = b.find_notebooks(nbs)
+    full, short = b.build_index(notebooks)
+    reexports = next(nb for nb in notebooks if nb.name == 'index').reexports()
+    linker = b.Linker(full, short, {nb.name: nb.wing for nb in notebooks}, reexports,
+                      {b._modname(nb.module) for nb in notebooks if nb.module})
+    nn = next(nb for nb in notebooks if nb.name == '11_nn')
+    ok = {'T.sum': 'gradus.core.tensor.sum', 'tensor.sum': 'gradus.core.tensor.sum',
+          'core.tensor.sum': 'gradus.core.tensor.sum', 'gd.add': 'gradus.core.tensor.add',
+          'gradus.core.tensor.add': 'gradus.core.tensor.add', 'nn.linear': 'gradus.learn.nn.linear',
+          'learn.nn': 'gradus.learn.nn', 'Tracer.mean': 'gradus.core.tensor.Tracer.mean',
+          'sum': 'gradus.learn.nn.sum',  # a short name of two modules: the notebook's own
+          'trace': 'gradus.core.graph.trace', 'gd.tensor.add': None, 'x.mean': None,
+          'graph.sum': None, 'np.sum': None}
+    assert {t: linker.resolve(t, nn) for t in ok} == ok
+    graph = next(nb for nb in notebooks if nb.name == '05_graph')
+    assert linker.resolve('sum', graph) is None  # two candidates, neither its own
+    line = ('`nbs/core/05_graph.ipynb`, `nbs/learn/05_graph.ipynb`, `nbs/05_graph.ipynb`, '
+            '`nbs/30_main.ipynb`, `05a_codegen`, `05_graph.ipynb`, `05c_none`')
+    assert linker.link(line, nn) == (
+        '{doc}`nbs/core/05_graph.ipynb <05_graph>`, `nbs/learn/05_graph.ipynb`, '
+        '`nbs/05_graph.ipynb`, {doc}`nbs/30_main.ipynb <30_main>`, '
+        '{doc}`05a_codegen <05a_codegen>`, {doc}`05_graph.ipynb <05_graph>`, `05c_none`')
+
+
+def test_repository_files_are_copied_from_a_wing(tmp_path):
+    "A link relative to a wing's notebook (`../../README.md`) reaches the file, copied beside."
+    b = _load_build()
+    wanted = set()
+    md = b._repo_files('![a](../../README.md) and [b](../errors.ipynb)', tmp_path, wanted,
+                       NBS / 'core')
+    assert md == '![a](_repo/README.md) and [b](_repo/nbs/errors.ipynb)'
+    assert (tmp_path / '_repo' / 'README.md').read_bytes() == (ROOT / 'README.md').read_bytes()
+    assert wanted == {'_repo/README.md', '_repo/nbs/errors.ipynb'}
+    with pytest.raises(SystemExit, match='not a file of the repository'):
+        b._repo_files('![c](../../../outside.png)', tmp_path, wanted, NBS / 'core')
 
 
 def test_heading_gaps_are_closed():

@@ -6,8 +6,9 @@ import numpy as np, ml_dtypes, pytest
 import gguf, safetensors, safetensors.numpy
 from gguf import GGMLQuantizationType as GQ
 from gradus.formats import gguf as G, quants as Q, safetensors as st
+from gradus.lm import qkernels as K
 from gradus.core.pytree import tree_to_dict, tree_from_dict
-from gradus.errors import FormatError
+from gradus.errors import FormatError, ShapeError
 from gradus.formats.quants import GGMLType, BLOCK
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
@@ -108,9 +109,11 @@ def matvec_bound(blocks, t, x):
     return (M.shape[1] / 32 + 48) * U * (np.abs(x).astype(np.float64) @ M.T)
 
 def check_qmatvec(blocks, t, x):
-    "qmatvec against gguf-py's decoding then a float64 matmul, within the stated bound."
-    y = Q.qmatvec(blocks, t, x)
+    """quants.matvec_exact against gguf-py's decoding then a float64 matmul, within the stated
+    bound; qkernels.qmatvec (exact=True, the default) runs it: the same bits."""
+    y = Q.matvec_exact(blocks, t, x)
     assert y.dtype == np.float32 and y.shape == x.shape[:-1] + (blocks.shape[0],)
+    assert np.array_equal(K.qmatvec(blocks, t, x).view(np.uint32), y.view(np.uint32))
     err = np.abs(y - x.astype(np.float64) @ gguf_rows(blocks, t).T)
     assert np.all(err <= matvec_bound(blocks, t, x)), t.name
     return y
@@ -151,19 +154,97 @@ def test_qmatvec_bound_catches_one_wrong_code(t):
     blocks = blocks.reshape(4, -1)                                    # (4 rows, 2048 weights)
     x = rng.standard_normal(2048).astype(np.float32); x[0] = 4
     wrong = blocks.copy(); wrong[:, QUANT_AT[t]] ^= 8
-    err = np.abs(Q.qmatvec(wrong, t, x) - x.astype(np.float64) @ gguf_rows(blocks, t).T)
+    err = np.abs(Q.matvec_exact(wrong, t, x) - x.astype(np.float64) @ gguf_rows(blocks, t).T)
     assert np.all(err > matvec_bound(blocks, t, x))
     check_qmatvec(blocks, t, x)                                       # while the right codes pass
 
 def test_qmatvec_errors():
-    with pytest.raises(ValueError, match=r'blocks \(2, 34\) of Q8_0 do not match x \(64,\)'):
-        Q.qmatvec(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
-    with pytest.raises(ValueError, match=r'do not match x \(1, 1, 256\)'):
-        Q.qmatvec(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros((1, 1, 256), np.float32))
-    with pytest.raises(ValueError, match='Q4_K do not match'):      # 256 weights a super-block
-        Q.qmatvec(np.zeros((2, 144), np.uint8), GGMLType.Q4_K, np.zeros(128, np.float32))
-    with pytest.raises(FormatError, match=r"\['Q8_0', .*'Q6_K'\], not Q2_K$"):
-        Q.qmatvec(np.zeros((2, 84), np.uint8), GGMLType.Q2_K, np.zeros(256, np.float32))
+    for f, name in ((Q.matvec_exact, 'matvec_exact'), (K.qmatvec, 'qmatvec')):
+        with pytest.raises(ShapeError, match=rf'^{name}: blocks \(2, 34\) of Q8_0 do not match '
+                           r'x \(64,\)$'):
+            f(np.zeros((2, 34), np.uint8), GGMLType.Q8_0, np.zeros(64, np.float32))
+        with pytest.raises(ShapeError, match=r'do not match x \(1, 1, 256\)'):
+            f(np.zeros((2, 210), np.uint8), GGMLType.Q6_K, np.zeros((1, 1, 256), np.float32))
+        with pytest.raises(ShapeError, match='Q4_K do not match'):    # 256 weights a super-block
+            f(np.zeros((2, 144), np.uint8), GGMLType.Q4_K, np.zeros(128, np.float32))
+        with pytest.raises(FormatError, match=r"\['Q8_0', .*'Q6_K'\], not Q2_K$"):
+            f(np.zeros((2, 84), np.uint8), GGMLType.Q2_K, np.zeros(256, np.float32))
+    with pytest.raises(FormatError, match=r"^qmatvec\(exact=False\) reads \['Q4_0', 'Q4_1', "
+                       r"'Q8_0'\], not Q5_0$"):
+        K.qmatvec(np.zeros((2, 22), np.uint8), GGMLType.Q5_0, np.zeros(32), exact=False)
+    with pytest.raises(ShapeError, match=r'^qmatvec: blocks \(3, 20\) of Q4_1 do not match x '
+                       r'\(3, 1, 32\)$'):
+        K.qmatvec(np.zeros((3, 20), np.uint8), GGMLType.Q4_1, np.zeros((3, 1, 32)), exact=False)
+    with pytest.raises(FormatError, match='unknown GGML type id 99'):
+        K.qmatvec(np.zeros((2, 34), np.uint8), 99, np.zeros(32))
+
+# ---------- qmatvec with int8 activations (lm/25_qkernels), the four-row kernels (25a) ----------
+def rounded(x):
+    "x (..., n) rounded to int8 blocks as qkernels does, decoded back to float64 (q·d)."
+    q, d, _ = K.quantize_activations(x)
+    return (q.reshape(d.shape + (32,)) * d[..., None].astype(np.float64)).reshape(x.shape)
+
+def test_quantize_activations_known_and_batched():
+    x = np.array([0.5, -1.0, 127.0, 0.0] * 8 + [0.0] * 32, np.float32)
+    q, d, s = K.quantize_activations(x)
+    assert q.dtype == np.int8 and d.dtype == s.dtype == np.float32
+    assert d.tolist() == [1.0, 0.0] and q[:4].tolist() == [0, -1, 127, 0]  # 0.5 rounds to even
+    assert s.tolist() == [8.0 * 126, 0.0]
+    X = np.random.default_rng(0).standard_normal((3, 2, 96)).astype(np.float32)
+    Q3, D3, S3 = K.quantize_activations(X)
+    assert Q3.shape == X.shape and D3.shape == S3.shape == (3, 2, 3)
+    for i, j in np.ndindex(3, 2):
+        for a, b in zip(K.quantize_activations(X[i, j]), (Q3[i, j], D3[i, j], S3[i, j])):
+            assert np.array_equal(a, b)
+    assert np.all(np.abs(rounded(X) - X) <= D3.repeat(32, axis=-1) / 2 * (1 + 1e-6))
+    with pytest.raises(ShapeError, match=r'x \(40,\) is not whole blocks of 32'):
+        K.quantize_activations(np.zeros(40))
+
+@pytest.mark.parametrize('t', K.INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('n_out, n_blocks', [(1, 1), (7, 2), (301, 8)])
+def test_qmatvec_int8_matches_dense_of_rounded_x(t, n_out, n_blocks):
+    """exact=False equals gguf-py's decoding times the rounded activations (float64), within the
+    bound of the exact mode with |q·d| for |x|; a batch equals single calls bit for bit; and it
+    is not the exact mode (the rounding shows)."""
+    rng = np.random.default_rng(n_out)
+    blocks = finite_blocks(t, n_out * n_blocks, 5).reshape(n_out, -1)
+    X = rng.standard_normal((3, 32 * n_blocks)).astype(np.float32)
+    Y = K.qmatvec(blocks, t, X, exact=False)
+    assert Y.dtype == np.float32 and Y.shape == (3, n_out)
+    X8 = rounded(X)
+    assert np.all(np.abs(Y - X8 @ gguf_rows(blocks, t).T) <= matvec_bound(blocks, t, X8)), t.name
+    for i in range(3):
+        assert np.array_equal(K.qmatvec(blocks, t, X[i], exact=False), Y[i])
+    assert not np.array_equal(Y, K.qmatvec(blocks, t, X))
+
+@pytest.mark.parametrize('t', K.INT8_TYPES, ids=lambda t: t.name)
+def test_qmatvec_int8_bound_catches_one_wrong_code(t):
+    "One code off by 8 steps in every row misses the int8 mode's bound too."
+    blocks = finite_blocks(t, 4 * 64, 9)
+    blocks[:, 0:2] = np.array([0.5], np.float16).view(np.uint8)
+    blocks = blocks.reshape(4, -1)                                    # (4 rows, 2048 weights)
+    x = np.random.default_rng(1).standard_normal(2048).astype(np.float32); x[0] = 4
+    wrong = blocks.copy(); wrong[:, QUANT_AT[t]] ^= 8
+    x8 = rounded(x)
+    err = np.abs(K.qmatvec(wrong, t, x, exact=False) - x8 @ gguf_rows(blocks, t).T)
+    assert np.all(err > matvec_bound(blocks, t, x8))
+
+@pytest.mark.parametrize('t', K.INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('n_out', [1, 2, 3, 4, 5, 38])
+def test_four_row_kernels_both_modes(t, n_out):
+    """The engine's four-row kernels (`_matvec_rows4`; a last group of 1-3 rows included): the
+    exact mode within the exact bound of gguf-py's decoding times x, the int8 mode within it for
+    the rounded x, and within float32 rounding of qmatvec(exact=False)."""
+    rng = np.random.default_rng(n_out)
+    blocks = finite_blocks(t, n_out * 6, 7).reshape(n_out, -1)
+    x = rng.standard_normal(6 * 32).astype(np.float32)
+    W, x8 = gguf_rows(blocks, t), rounded(x)
+    for exact, xr in ((True, x.astype(np.float64)), (False, x8)):
+        y = np.full(n_out, np.nan, np.float32)
+        K._matvec_rows4(blocks.reshape(-1), K._KIND[t], x, exact, y)
+        assert np.all(np.abs(y - W @ xr) <= matvec_bound(blocks, t, xr)), (t.name, exact)
+    y8 = K.qmatvec(blocks, t, x, exact=False)
+    assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))
 
 @pytest.fixture(scope='module')
 def gemma3_gguf():

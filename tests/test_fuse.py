@@ -9,7 +9,7 @@ import pytest
 import ml_dtypes
 import gradus as gd
 from gradus.core import tensor as T
-from gradus.core import fuse as F, graph as G
+from gradus.core import fuse as F, codegen as CG
 from gradus.core.pytree import tree_map, tree_leaves, tree_flatten, tree_unflatten
 from test_gradcheck import CASES
 
@@ -35,7 +35,7 @@ def _fused_and_unfused(f, args):
     n_kernels = sum(isinstance(e.prim, F.Kernel) for e in fused.eqns)
     TOTALS[f] = sum(isinstance(e.prim, F.Kernel) and any(m.prim.name in F.REDUCTIONS
                                                          for m in e.prim.eqns) for e in fused.eqns)
-    return entry.compiled.fn(*leaves), G.compile_graph(fused).fn(*leaves), n_kernels
+    return entry.compiled.fn(*leaves), CG.compile_graph(fused).fn(*leaves), n_kernels
 
 
 KERNELS, TOTALS = {}, {}
@@ -74,7 +74,7 @@ def test_cycle_rule_and_order():
     g = gd.trace(f, x, w)
     assert F.group_eqns(g, 0, transcendental=True) == [0, -1, 1, 1]
     assert F.group_eqns(g, 0) == [-1, -1, 0, 0]                 # exp left to numpy by default
-    out = G.compile_graph(F.fuse(g, 0, transcendental=True)).fn(x, w)[0]
+    out = CG.compile_graph(F.fuse(g, 0, transcendental=True)).fn(x, w)[0]
     np.testing.assert_allclose(out, np.exp(x) * (np.exp(x) @ w) + 1, rtol=1e-12)
 
 

@@ -316,3 +316,16 @@ def test_refuses_other_architectures_by_name(tmp_path):
     p.write_bytes(p.read_bytes().replace(b'gemma3', b'gemma9'))
     with pytest.raises(FormatError, match="architecture 'gemma9' is not supported"):
         models.from_gguf(p)
+
+
+def test_engine_refuses_gemma3_and_stepper_runs_forward(tmp_path):
+    "Every Gemma 3 option the fused engine lacks is named; the stepper runs forward instead."
+    from gradus.lm import engine
+    params, c = models.from_gguf(_tiny_gemma(tmp_path / 'tiny.gguf'))
+    bad = engine.unsupported(params, c)
+    for option in ('rope_interleaved=False', 'qk_norm=True', 'sandwich_norms=True',
+                   "activation='gelu_tanh'", 'embed_scale=', 'windows=', 'rope_bases='):
+        assert any(b.startswith(option) for b in bad), (option, bad)
+    t = np.array([1, 2, 3])
+    z = models.stepper(params, c, models.new_cache(c, 8), all_logits=True)(t, 0)
+    assert np.abs(z - models.apply(params, t, c)).max() < 1e-4

@@ -21,7 +21,7 @@ from gradus.formats import gguf as G, quants as Q
 from gradus.transformer import gpt
 from gradus.learn import random as R
 from gradus.formats import tokenizer as TK
-from gradus.errors import FormatError
+from gradus.errors import CacheError, ConfigError, FormatError
 from _models import find
 
 gguf = pytest.importorskip(
@@ -234,14 +234,10 @@ def test_last_logits_match_reference(name, ref_runs, model, tok):
 def test_greedy_continuation_matches_reference(name, ref_runs, model, tok):
     params, c = model
     ids = _ids(tok, name)
-    cache = engine.new_cache(c, len(ids) + 40)
+    cache = models.new_cache(c, len(ids) + 40)
     cfg = decode.GenerationConfig(max_new_tokens=32, temperature=0, ignore_eos=True)
-    got = [
-        e.token
-        for e in decode.generate(
-            engine.stepper(params, c, cache, exact=True), ids, cfg, tok, cache
-        )
-    ]
+    step = models.stepper(params, c, cache, exact=True, fused=True)
+    got = [e.token for e in decode.generate(step, ids, cfg, tok, cache)]
     assert got == ref_runs[name][1]
 
 
@@ -261,18 +257,22 @@ def test_decode_parity(model, tok):
     params, c = model
     ids = _ids(tok, 'shakespeare')[:24]
     full = lambda t: models.apply(params, t, c)
-    exact = decode.decode_parity(
-        engine.stepper(params, c, engine.new_cache(c, 32), True, True), full, ids, 10
-    )
+    step = lambda exact: models.stepper(params, c, models.new_cache(c, 32), exact, True, fused=True)
+    exact = decode.decode_parity(step(True), full, ids, 10)
     assert exact.max() < 1e-3, exact
-    int8 = decode.decode_parity(
-        engine.stepper(params, c, engine.new_cache(c, 32), False, True), full, ids, 10
-    )
+    int8 = decode.decode_parity(step(False), full, ids, 10)
     assert int8[:10].max() < 1e-3 and 1e-3 < int8[10:].max() < 3, int8
 
 
 # ---------------------------------------------------------------- kernels against numpy formulas
 @needs_model
+def rows4(w, x, exact):
+    "The engine's four-row kernel over all rows of QTensor `w` at `x` (float32)."
+    y = np.empty(w.shape[0], np.float32)
+    qkernels._matvec_rows4(w.blocks.reshape(-1), qkernels._KIND[w.type], x, exact, y)
+    return y
+
+
 def test_quantized_matvec_both_modes(model):
     "Four rows per pass, including a last group of 1-3 rows: both modes against float64 formulas."
     params, _ = model
@@ -283,10 +283,10 @@ def test_quantized_matvec_both_modes(model):
         x = rng.standard_normal(w.shape[1]).astype(np.float32)
         W = gguf.quants.dequantize(w.blocks, int(w.type)).astype(np.float64)
         f, q = W @ x, np.abs(W @ x).max()
-        assert np.abs(qkernels.qmatvec(w, x, exact=True) - f).max() < 1e-5 * q
+        assert np.abs(rows4(w, x, True) - f).max() < 1e-5 * q
         amax = np.abs(x.reshape(-1, 32)).max(1, keepdims=True)
         x8 = (np.rint(x.reshape(-1, 32) / (amax / 127)) * (amax / 127)).reshape(-1)
-        assert np.abs(qkernels.qmatvec(w, x) - W @ x8).max() < 1e-5 * q
+        assert np.abs(rows4(w, x, False) - W @ x8).max() < 1e-5 * q
 
 
 def test_q4_0_matvec_against_numpy():
@@ -296,9 +296,9 @@ def test_q4_0_matvec_against_numpy():
     w = models.QTensor(Q.quantize(Wf, Q.GGMLType.Q4_0).reshape(37, -1), Q.GGMLType.Q4_0, (37, 96))
     W = gguf.quants.dequantize(w.blocks, int(w.type)).astype(np.float64)
     x = rng.standard_normal(96).astype(np.float32)
-    assert np.abs(qkernels.qmatvec(w, x, exact=True) - W @ x).max() < 1e-5 * np.abs(W @ x).max()
+    assert np.abs(qkernels.qmatvec(w.blocks, w.type, x) - W @ x).max() < 1e-5 * np.abs(W @ x).max()
     with pytest.raises(ValueError, match='x'):
-        qkernels.qmatvec(w, x[:64])
+        qkernels.qmatvec(w.blocks, w.type, x[:64])
 
 
 def test_half_every_bit_pattern():
@@ -334,7 +334,7 @@ def test_decode_step_same_bits_on_any_number_of_workers(model):
     def run(threads):
         engine.numba.set_num_threads(threads)
         try:
-            cache = engine.new_cache(c, 8)
+            cache = models.new_cache(c, 8)
             z = [engine.decode_step(params, c, cache, t, p, ws) for p, t in enumerate(prompt)]
             return np.stack(z), cache.k[:, :, :4].copy()
         finally:
@@ -352,13 +352,36 @@ def test_decode_step_refusals(model):
     with pytest.raises(TypeError, match='float16'):
         engine.decode_step(params, c, half, 1, 0, ws)
     with pytest.raises(ValueError, match='capacity 16'):
-        engine.decode_step(params, c, engine.new_cache(c, 16), 1, 0, ws)
-    with pytest.raises(decode.CacheError, match='gap'):
-        engine.decode_step(params, c, engine.new_cache(c, 8), 1, 3, ws)
+        engine.decode_step(params, c, models.new_cache(c, 16), 1, 0, ws)
+    with pytest.raises(CacheError, match='gap'):
+        engine.decode_step(params, c, models.new_cache(c, 8), 1, 3, ws)
+    with pytest.raises(IndexError, match='token id 49152'):
+        engine.decode_step(params, c, models.new_cache(c, 8), c.vocab_size, 0, ws)
     mixed = {**params, 'layers': [{**params['layers'][0], 'wq': params['output']}]
              + params['layers'][1:]}
     with pytest.raises(FormatError, match='Q4_1'):
         engine.workspace(mixed, c)
+
+
+@needs_model
+@pytest.mark.parametrize('option, value', [
+    ('rope_interleaved', False), ('qk_norm', True), ('sandwich_norms', True),
+    ('activation', 'gelu_tanh'), ('embed_scale', 24.0), ('query_scale', 0.25),
+    ('windows', (512,) + (None,) * 29), ('rope_bases', (1e4,) + (1e5,) * 29)])
+def test_engine_refuses_each_option_it_does_not_implement(model, option, value):
+    """The engine implements Llama's options only: each other value is named by `unsupported`,
+    refused by `workspace` with a ConfigError naming it, and `models.stepper` then runs forward."""
+    params, c = model
+    other = c._replace(**{option: value})
+    assert engine.unsupported(params, c) == [] and engine.unsupported(params, other) == [
+        f"{option}={value!r}"]
+    with pytest.raises(ConfigError, match=f"does not implement {option}="):
+        engine.workspace(params, other, 8)
+    with pytest.raises(ConfigError, match=option):
+        models.stepper(params, other, models.new_cache(other, 8), fused=True)
+    assert engine.unsupported(params, c._replace(query_scale=c.head_dim ** -0.5)) == []
+    assert engine.unsupported(params, c._replace(rope_bases=(c.rope_base,) * 30)) == []
+    assert engine.unsupported(params, gpt.GPTConfig(5)) == ['config=GPTConfig']
 
 
 # ---------------------------------------------------------------- refusals and dispatch
@@ -402,13 +425,18 @@ def test_refuses_unsupported_tensor_types(tmp_path):
         models.from_gguf(_tiny_gguf(tmp_path, qtype=1))
 
 
-def test_apply_dispatches_gpt():
+def test_apply_stepper_and_new_cache_refuse_other_configs():
+    "`apply` runs a DecoderConfig only (a GPT's forward is gpt.apply); the others name the type."
     cfg = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
     p = gpt.init(R.key(0), cfg)
-    t = np.array([1, 2, 3, 4])
-    np.testing.assert_array_equal(models.apply(p, t, cfg), gpt.apply(p, t[None], cfg)[0])
-    with pytest.raises(TypeError, match='unknown config'):
-        models.apply(p, t, object())
+    with pytest.raises(TypeError, match='must be a DecoderConfig, got GPTConfig'):
+        models.apply(p, np.array([1, 2, 3, 4]), cfg)
+    with pytest.raises(TypeError, match='unknown config object'):
+        models.new_cache(object())
+    with pytest.raises(TypeError, match='unknown config object'):
+        models.stepper(p, object(), models.new_cache(cfg))
+    with pytest.raises(ValueError, match='do not fit'):
+        models.stepper(p, cfg, models.new_cache(cfg._replace(n_layer=2)))
 
 
 # ---------------------------------------------------------------- the command

@@ -222,12 +222,12 @@ BAD = {   # primitive name -> (a call that reaches it, operands its rule refuses
 }
 # the rules themselves, bound directly with operands the ops never pass (two dtypes, float cond)
 BAD_BIND = {
-    'add': (T._add_p.bind, o(3, np.float32), o(3)),
-    'less': (T._less_p.bind, o(3, np.float32), o(3)),
-    'matmul': (T._matmul_p.bind, o((2, 3), np.float32), o((3, 2))),
-    'where': (T._where_p.bind, o(3), o(3), o(3)),
-    'concatenate': (lambda a, b: ops._concatenate_p.bind(a, b, axis=0), o(3, np.float32), o(3)),
-    'take': (lambda a, i: ops._take_p.bind(a, i, axis=0), o(3), o(2)),
+    'add': (T.add_p.bind, o(3, np.float32), o(3)),
+    'less': (T.less_p.bind, o(3, np.float32), o(3)),
+    'matmul': (T.matmul_p.bind, o((2, 3), np.float32), o((3, 2))),
+    'where': (T.where_p.bind, o(3), o(3), o(3)),
+    'concatenate': (lambda a, b: ops.concatenate_p.bind(a, b, axis=0), o(3, np.float32), o(3)),
+    'take': (lambda a, i: ops.take_p.bind(a, i, axis=0), o(3), o(2)),
 }
 # no operands of a single dtype and shape can be refused: one operand, any shape (elementwise, or a
 # reduction/movement whose parameters the op validates before binding: covered by BAD above)
@@ -275,34 +275,34 @@ def test_issue_matmul_example():
     with pytest.raises(ShapeError, match=r"add: incompatible shapes \(64, 10\) and \(64,\)"):
         T.add(np.ones((64, 10)), np.ones(64))
     with pytest.raises(DTypeError, match='float32 and float64'):
-        T._add_p.bind(np.ones(2, np.float32), np.ones(2))
+        T.add_p.bind(np.ones(2, np.float32), np.ones(2))
 
 
 def _valid_cases():
     "One valid call per primitive (the notebook's dot-product cases plus the rest)."
     r = np.random.default_rng(0).standard_normal
-    return [(T._add_p, (r((4, 3)), r(3)), {}), (T._subtract_p, (r((4, 1)), r((1, 5))), {}),
-            (T._multiply_p, (r(3), r(3)), {}), (T._divide_p, (r(3), r((2, 3))), {}),
-            (T._power_p, (np.abs(r(3)), r(3)), {}), (T._maximum_p, (r(2), r(2)), {}),
-            (T._minimum_p, (r(2), r((3, 1))), {}), (T._where_p, (r(3) > 0, r(3), r((2, 1))), {}),
-            (T._matmul_p, (r((2, 1, 4, 5)), r((3, 5, 6))), {}),
-            (T._matmul_p, (r(5), r((2, 5, 3))), {}),
-            (T._matmul_p, (r((2, 3, 4)), r((4, 6))), {}),
-            (T._sum_p, (r((3, 4)),), dict(axis=(1,), keepdims=False)),
-            (T._max_p, (r((3, 4)),), dict(axis=(0, 1), keepdims=True)),
-            (T._reshape_p, (r((3, 4)),), dict(shape=(2, 6))),
-            (T._transpose_p, (r((2, 3, 4)),), dict(axes=(2, 0, 1))),
-            (T._broadcast_to_p, (r((3, 1)),), dict(shape=(2, 3, 4))),
-            (T._cast_p, (r(3),), dict(dtype=np.dtype(np.float32))),
-            (ops._getitem_p, (r((5, 4)),), dict(idx=(slice(1, 4), None, -1))),
-            (ops._index_put_p, (r((3, 4)),), dict(idx=(slice(1, 4),), shape=(6, 4))),
-            (ops._take_p, (r((5, 3)), np.array([[0, 2], [2, 2]])), dict(axis=0)),
-            (ops._scatter_add_p, (r((2, 2, 3)), np.array([[0, 4], [4, 4]])),
+    return [(T.add_p, (r((4, 3)), r(3)), {}), (T.subtract_p, (r((4, 1)), r((1, 5))), {}),
+            (T.multiply_p, (r(3), r(3)), {}), (T.divide_p, (r(3), r((2, 3))), {}),
+            (T.power_p, (np.abs(r(3)), r(3)), {}), (T.maximum_p, (r(2), r(2)), {}),
+            (T.minimum_p, (r(2), r((3, 1))), {}), (T.where_p, (r(3) > 0, r(3), r((2, 1))), {}),
+            (T.matmul_p, (r((2, 1, 4, 5)), r((3, 5, 6))), {}),
+            (T.matmul_p, (r(5), r((2, 5, 3))), {}),
+            (T.matmul_p, (r((2, 3, 4)), r((4, 6))), {}),
+            (T.sum_p, (r((3, 4)),), dict(axis=(1,), keepdims=False)),
+            (T.max_p, (r((3, 4)),), dict(axis=(0, 1), keepdims=True)),
+            (T.reshape_p, (r((3, 4)),), dict(shape=(2, 6))),
+            (T.transpose_p, (r((2, 3, 4)),), dict(axes=(2, 0, 1))),
+            (T.broadcast_to_p, (r((3, 1)),), dict(shape=(2, 3, 4))),
+            (T.cast_p, (r(3),), dict(dtype=np.dtype(np.float32))),
+            (ops.getitem_p, (r((5, 4)),), dict(idx=(slice(1, 4), None, -1))),
+            (ops.index_put_p, (r((3, 4)),), dict(idx=(slice(1, 4),), shape=(6, 4))),
+            (ops.take_p, (r((5, 3)), np.array([[0, 2], [2, 2]])), dict(axis=0)),
+            (ops.scatter_add_p, (r((2, 2, 3)), np.array([[0, 4], [4, 4]])),
              dict(axis=0, shape=(5, 3))),
-            (ops._concatenate_p, (r((2, 3)), r((4, 3))), dict(axis=0))] + \
-           [(p, (r((2, 3)), r(3)), {}) for p in (T._less_p, T._less_equal_p, T._greater_p,
-                                                 T._greater_equal_p, T._equal_p,
-                                                 T._not_equal_p)] + \
+            (ops.concatenate_p, (r((2, 3)), r((4, 3))), dict(axis=0))] + \
+           [(p, (r((2, 3)), r(3)), {}) for p in (T.less_p, T.less_equal_p, T.greater_p,
+                                                 T.greater_equal_p, T.equal_p,
+                                                 T.not_equal_p)] + \
            [(p, (np.abs(r((2, 3))) + 0.5,), {})
              for p in ops.PRIMITIVES if p.name in NOTHING_TO_REFUSE
             and p.name not in ('index_put', 'scatter_add')]

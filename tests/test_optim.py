@@ -106,6 +106,26 @@ def test_float32_stays_float32(make):
     assert all(leaf.dtype == np.float32 for leaf in gd.tree_leaves((p, moments)))
 
 
+
+@pytest.mark.parametrize('make', [lambda: optim.sgd(0.1, momentum=0.9),
+                                  lambda: optim.sgd(0.1, momentum=0.9, nesterov=True),
+                                  lambda: optim.adamw(1e-2), lambda: optim.adam(1e-2)])
+def test_float64_state_keeps_a_float32_parameter_float32(make):
+    """A state kept in float64 (made from float64 parameters, or loaded so) does not promote a
+    float32 parameter: the update keeps each parameter's dtype, the state keeps its own, and
+    the parameter is the float64 step rounded to float32 (AdamW's decay term `wd · p` is
+    float32's own product: within float32 rounding)."""
+    p32 = {'w': np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+    g32 = {'w': np.linspace(0.5, -0.3, 6, dtype=np.float32).reshape(2, 3)}
+    f64 = lambda t: gd.tree_map(lambda a: a.astype(np.float64), t)
+    opt = make(); s64 = opt.init(f64(p32))
+    p, s = opt.update(g32, s64, p32)
+    assert p['w'].dtype == np.float32, p['w'].dtype
+    assert all(leaf.dtype == np.float64 for k, sub in s.items() if k != 'step'
+               for leaf in gd.tree_leaves(sub))
+    want, _ = opt.update(f64(g32), s64, f64(p32))
+    np.testing.assert_allclose(p['w'], want['w'].astype(np.float32), rtol=2e-7)
+
 def test_update_refuses_mismatched_gradients():
     opt = optim.adamw(0.1); p = {'w': np.ones((2, 2), np.float32)}; s = opt.init(p)
     with pytest.raises(ShapeError, match="w has shape"):

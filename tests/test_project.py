@@ -94,7 +94,7 @@ WING_DEPS = {
 RANKS = {
     'errors': 0, '__main__': 0,
     'core.dtype': 0, 'core.pytree': 0, 'core.shape': 1, 'core.tensor': 2, 'core.ops': 3,
-    'core.graph': 4, 'core.fuse': 4.5, 'core.autograd': 5, 'core.kernels': 5.5,
+    'core.graph': 4, 'core.codegen': 4.1, 'core.cache': 4.2, 'core.fuse': 4.5, 'core.autograd': 5, 'core.kernels': 5.5,
     'learn.loss': 0, 'learn.random': 0, 'learn.nn': 1, 'learn.optim': 1, 'learn.train': 2,
     'transformer.attention': 0, 'transformer.gpt': 1,
     'formats.safetensors': 0, 'formats.quants': 1, 'formats.gguf': 2, 'formats.spm': 2,
@@ -301,3 +301,64 @@ def test_module_graph_check_can_fail():
         "gradus/scale/lowering.py:8: wing scale imports jobs.cli of wing jobs, which it does not "
         "build on",
         "import cycle: core.autograd -> core.tensor -> core.autograd"], found
+
+
+def module_aliases(tree, modules, package):
+    "{local name: gradus module path} for `from . import tensor as T` and the like in a module."
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            path = _resolve(package, node.level, node.module)
+            for a in node.names:
+                sub = f"{path}.{a.name}" if path else a.name
+                if sub in modules: out[a.asname or a.name] = sub
+    return out
+
+
+def shared_internals():
+    """[(module, sibling, name, line)] for every underscore name one module takes from another
+    module of gradus, by import (`from .graph import _run`) or by attribute (`T._promote`)."""
+    pkg = ROOT / 'gradus'
+    paths = sorted(p for p in pkg.rglob('*.py') if '__pycache__' not in p.parts)
+    name = lambda p: '.'.join(p.relative_to(pkg).with_suffix('').parts)
+    mods = {name(p) for p in paths}
+    found = []
+    for p in paths:
+        mod, package = name(p), '.'.join(p.relative_to(pkg).parent.parts)
+        if mod.split('.')[-1] in UNRANKED: continue
+        tree = ast.parse(p.read_text(), str(p))
+        for dep, line, _, names in edges_of(tree, mods, package):
+            found += [(mod, dep, n, line) for n in names if n.startswith('_') and dep != mod]
+        aliases = module_aliases(tree, mods, package)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith('_')
+                    and not node.attr.startswith('__')):
+                found.append((mod, aliases[node.value.id], node.attr, node.lineno))
+    return found
+
+
+def test_no_module_takes_another_modules_underscore_names():
+    """A name one module uses from another is part of its wing's shared vocabulary: it has a public
+    name (and, for a function or class, a docstring — checked below), never an underscore name
+    reached into from outside. Across wings the graph test already refuses them."""
+    found = sorted(set(shared_internals()))
+    lines = [f"{_file(m)}:{line}: uses {dep}.{n}" for m, dep, n, line in found]
+    assert not lines, ("underscore names used across modules (give each a documented public "
+                       "name):\n" + '\n'.join(lines))
+
+
+def test_shared_names_have_docstrings():
+    "Every function or class that one module of gradus imports from a sibling has a docstring."
+    pkg = ROOT / 'gradus'
+    imports = package_imports()
+    missing = []
+    for mod, edges in imports.items():
+        for dep, line, _, names in edges:
+            if dep == 'gradus' or dep == mod or not names: continue
+            tree = ast.parse((pkg / (dep.replace('.', '/') + '.py')).read_text())
+            defs = {n.name: n for n in tree.body
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+            missing += [f"{_file(mod)}:{line}: {dep}.{n} has no docstring" for n in names
+                        if n in defs and not ast.get_docstring(defs[n])]
+    assert not missing, '\n'.join(sorted(set(missing)))

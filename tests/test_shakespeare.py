@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import gradus as gd
 from gradus.jobs import shakespeare as S
+from gradus.learn import train
 
 SMALL = dict(iters=40, eval_interval=20, eval_iters=2, batch_size=8, block_size=32, n_layer=1,
              n_head=2, n_embd=32, warmup=5, lr=3e-3, sample_len=30)
@@ -62,7 +63,7 @@ def test_resume_refuses_another_model(corpus, tmp_path):
     cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'r'),
                       **{**SMALL, 'iters': 2, 'eval_interval': 2})
     S.run(cfg, progress=False, log=lambda *a: None)
-    with pytest.raises(S.train.CheckpointError, match='model'):
+    with pytest.raises(train.CheckpointError, match='model'):
         S.run(cfg._replace(n_embd=16, iters=4), resume=True, progress=False, log=lambda *a: None)
 
 
@@ -137,6 +138,6 @@ def test_resume_past_iters_is_refused_without_touching_the_run(corpus, tmp_path)
                       **{**SMALL, 'iters': 4, 'eval_interval': 2})
     S.run(cfg, progress=False, log=lambda *a: None)
     before = (tmp_path / 'r' / 'config.json').read_text()
-    with pytest.raises(S.train.CheckpointError, match='past --iters'):
+    with pytest.raises(train.CheckpointError, match='past --iters'):
         S.run(cfg._replace(iters=2), resume=True, progress=False, log=lambda *a: None)
     assert (tmp_path / 'r' / 'config.json').read_text() == before

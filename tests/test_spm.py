@@ -9,7 +9,7 @@ import numpy as np, pytest
 from gradus.formats import gguf as G, tokenizer
 from gradus.errors import TokenizerError
 from gradus.formats.spm import (SentencePieceBPE, NORMAL, UNKNOWN, CONTROL, USER_DEFINED,
-                        UNUSED, BYTE, byte_token, _alternation, _cut_special)
+                        UNUSED, BYTE, byte_token, _alternation, cut_special)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get('GRADUS_DATA', ROOT.parent / 'shared' / 'data'))
@@ -231,7 +231,7 @@ def test_special_token_trie_equals_a_plain_scan():
         words = {''.join(rng.choice(list('ab<'), int(rng.integers(1, 5)))) for _ in range(6)}
         special = {w: i for i, w in enumerate(sorted(words))}
         text = ''.join(rng.choice(list('ab<c'), 30))
-        assert (_cut_special(text, _alternation(special), special)
+        assert (cut_special(text, _alternation(special), special)
                 == cut_user_defined(text, special)), (words, text)
 
 # ---------- errors, dispatch ----------

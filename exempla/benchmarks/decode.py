@@ -11,8 +11,10 @@ the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory
 `--decode-only` alternates only the decode runs (`--tokens` each) and adds each side's best round,
 the closest a shared machine gets to a quiet measurement.
 Gemma 3 270M (Q4_K_M, the `gemma` extra) follows when installed (`--gemma-only`: only it): the same
-rates through `models.stepper` (the fused engine runs Llama-family files only), llama.cpp on the
-same file, and the share of a decode token that is the 262,144 x 640 output head (bytes and time).
+rates through `models.stepper` (on models.forward: the engine refuses Gemma 3's options), llama.cpp
+on the same file, and the share of a decode token that is the 262,144 x 640 output head (bytes and
+time). numba's threading layer is the commands' (`gradus.lm.chat`): 'workqueue' unless
+NUMBA_THREADING_LAYER names another.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
                                             [--gemma-only]
 """
@@ -21,11 +23,12 @@ import os
 
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '2')
 os.environ.setdefault('NUMBA_NUM_THREADS', '2')
+os.environ.setdefault('NUMBA_THREADING_LAYER', 'workqueue')   # as `gradus generate` chooses
 import argparse, platform, subprocess, sys, time
 import numpy as np
 import numba
-from gradus.lm import engine, models
-from gradus.formats import gguf as G, quants, tokenizer as TK
+from gradus.lm import models, qkernels
+from gradus.formats import gguf as G, tokenizer as TK
 
 THREADS, N_PROMPT, N_DECODE = 2, 512, 128
 TEXT = (
@@ -41,15 +44,15 @@ def load():
 
 
 def gradus_prefill(params, config, ids):
-    cache = engine.new_cache(config, len(ids) + 1)
+    cache = models.new_cache(config, len(ids) + 1)
     t0 = time.perf_counter()
     z = models.forward(params, ids, config, cache, 0, last_only=True)[0]
     return time.perf_counter() - t0, z
 
 
 def gradus_decode(params, config, ids, exact=False):
-    cache = engine.new_cache(config, len(ids) + N_DECODE + 1)
-    step = engine.stepper(params, config, cache, exact)
+    cache = models.new_cache(config, len(ids) + N_DECODE + 1)
+    step = models.stepper(params, config, cache, exact, fused=True)
     z, out = step(ids, 0), []
     t0 = time.perf_counter()
     for i in range(N_DECODE):
@@ -174,7 +177,7 @@ def gemma(rounds):
     th = []
     for _ in range(9):
         t0 = time.perf_counter()
-        quants.qmatvec(head.blocks, head.type, x)
+        qkernels.qmatvec(head.blocks, head.type, x)
         th.append(time.perf_counter() - t0)
     wb = weight_bytes(params)
     print(f"Gemma 3 270M: weights read per decode token {wb / 2**20:.1f} MiB, of which the output "

@@ -1,5 +1,5 @@
-"""Quantized mat-vec (gradus.formats.quants.qmatvec) against dequantize-then-matmul, in the same
-run.
+"""Quantized mat-vec (gradus.lm.qkernels.qmatvec, exact=True: the formats wing's
+quants.matvec_exact) against dequantize-then-matmul, in the same run.
 
 For every type qmatvec supports (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) on a random 4096 x 1024
 matrix, then on real tensors of Gemma 3 270M and SmolLM2 where their packages are installed.
@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from gradus.formats import gguf as G, quants as Q
 from gradus.formats.quants import GGMLType, BLOCK
+from gradus.lm.qkernels import qmatvec
 
 def uptime():
     return subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()
@@ -34,7 +35,7 @@ def medians(fns, rounds):
 def bench(label, blocks, t, x, rounds):
     W = Q.dequantize(blocks, t).reshape(blocks.shape[0], -1)         # (n_out, n_in) float32
     once = time.perf_counter(); Q.dequantize(blocks, t); once = time.perf_counter() - once
-    m = medians({'q': lambda: Q.qmatvec(blocks, t, x),
+    m = medians({'q': lambda: qmatvec(blocks, t, x),
                  'd': lambda: Q.dequantize(blocks, t).reshape(blocks.shape[0], -1) @ x,
                  'f': lambda: W @ x}, max(3, min(rounds, int(3 / (once + 1e-9)))))
     gb = lambda n, s: n / s / 1e9
@@ -67,8 +68,8 @@ def real(label, path_fn, names, rng, rounds):
 def batched(g, name, rng, rounds, n=16):
     info = g.tensors[name]; b = g.raw(name)
     X = rng.standard_normal((n, info.shape[1])).astype(np.float32)
-    m = medians({'batch': lambda: Q.qmatvec(b, info.type, X),
-                 'loop': lambda: [Q.qmatvec(b, info.type, x) for x in X]}, rounds)
+    m = medians({'batch': lambda: qmatvec(b, info.type, X),
+                 'loop': lambda: [qmatvec(b, info.type, x) for x in X]}, rounds)
     print(f"batch of {n} on {name} ({info.type.name}): one call {m['batch']*1e3:.3f} ms | "
           f"{n} calls {m['loop']*1e3:.3f} ms ({m['loop']/m['batch']:.2f}x the batch)")
 

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['bool_', 'int32', 'int64', 'float16', 'bfloat16', 'float32', 'float64', 'DTYPES', 'FLOATS', 'INTS', 'default_float',
-           'default_int', 'canonical', 'is_float', 'finfo', 'promote_types', 'result_type', 'cast',
+           'default_int', 'canonical', 'is_float', 'finfo', 'promote_types', 'weak_kind', 'result_type', 'cast',
            'check_differentiable']
 
 # %% ../../nbs/core/00_dtype.ipynb #070f000d
@@ -57,7 +57,7 @@ def promote_types(a, b) -> np.dtype:
     if {a, b} == {float16, bfloat16}: return float32
     return a if _RANK[a] > _RANK[b] else b
 
-def _weak_kind(x):
+def weak_kind(x):
     "The kind of a Python scalar: 0 bool, 1 int, 2 float; None for anything with a dtype."
     if isinstance(x, np.generic): return None  # np.float64 subclasses float, but it has a dtype
     if isinstance(x, bool): return 0
@@ -69,10 +69,10 @@ def result_type(*args) -> np.dtype:
     """The dtype an operation on `args` returns: arrays (anything with `.dtype`) promote with
     `promote_types`; Python scalars are weak (rule 4). Raises `DTypeError` for unsupported dtypes or
     operands."""
-    strong = [canonical(a.dtype) for a in args if _weak_kind(a) is None and hasattr(a, 'dtype')]
-    weak = [k for a in args if (k := _weak_kind(a)) is not None]
+    strong = [canonical(a.dtype) for a in args if weak_kind(a) is None and hasattr(a, 'dtype')]
+    weak = [k for a in args if (k := weak_kind(a)) is not None]
     if len(strong) + len(weak) != len(args):
-        bad = next(a for a in args if _weak_kind(a) is None and not hasattr(a, 'dtype'))
+        bad = next(a for a in args if weak_kind(a) is None and not hasattr(a, 'dtype'))
         raise DTypeError(f"cannot infer a dtype for {type(bad).__name__} {bad!r}; "
                          "pass an array or a Python scalar")
     if strong:

@@ -5,7 +5,7 @@ primitives into one generated numba kernel each, printable like the numpy code, 
 
 # %% auto #0
 __all__ = ['SCALAR_CODE', 'FUSE_DTYPES', 'FUSE_MIN_SIZE', 'TRANSCENDENTAL', 'REDUCTIONS', 'Profile', 'profile', 'fusible',
-           'reducible', 'group_eqns', 'kernel_source', 'cache_dir', 'load_kernel', 'Kernel', 'fuse']
+           'reducible', 'group_eqns', 'kernel_source', 'cache_dir', 'load_kernel', 'Kernel', 'fuse', 'fusing', 'fusion']
 
 # %% ../../nbs/core/06_fuse.ipynb #c306f83a
 import hashlib, importlib.util, math, os, sys, tempfile, time
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from . import dtype as D
 from .tensor import Primitive
-from .ops import _GELU_A, _GELU_C, _GELU_CLIP
-from .graph import (Var, Lit, Eqn, Graph, install_fuser, _namespace, _body_lines, _inlined,
-                          _return_line, _atom_src)
+from .ops import GELU_A, GELU_C, GELU_CLIP
+from .graph import Var, Lit, Eqn, Graph
+from .codegen import code_namespace, body_lines, inlined_views, return_line, atom_src
 
 # %% ../../nbs/core/06_fuse.ipynb #61694630
 def _label(e):
@@ -26,11 +26,11 @@ def _instrumented(g, name='profiled'):
     """`(fn, times, lines, labels)`: graph `g` compiled like `compile_graph`, each line (an
     equation's, or a `del` that frees arrays) wrapped in clock reads that add its seconds to
     `times[k]`; `lines[k]` is its source, `labels[k]` its primitive ('fused', 'del')."""
-    inlined = _inlined(g)
-    nm, consts, ns = g.names(skip=inlined), {}, _namespace()
+    inlined = inlined_views(g)
+    nm, consts, ns = g.names(skip=inlined), {}, code_namespace()
     ns.update({e.prim.name: e.prim.impl for e in g.eqns if getattr(e.prim, 'source', None)})
-    def atom(x): return _atom_src(x, nm, consts)
-    body, out, lines, labels = _body_lines(g, nm, atom, ns), [], [], []
+    def atom(x): return atom_src(x, nm, consts)
+    body, out, lines, labels = body_lines(g, nm, atom, ns), [], [], []
     eqns = iter([e for e in g.eqns if e.out.n not in inlined])
     for line in body:
         out.append(f"    _t = _clock(); {line.strip()}; _times[{len(lines)}] += _clock() - _t")
@@ -39,7 +39,7 @@ def _instrumented(g, name='profiled'):
     times = np.zeros(len(lines))
     ns.update({c: v for c, v in consts.values()}, _clock=time.perf_counter, _times=times)
     src = '\n'.join([f"def {name}({', '.join(nm[v.n] for v in g.ins)}):", *out,
-                     _return_line(g, atom)])
+                     return_line(g, atom)])
     exec(compile(src, f"<gradus {name}>", 'exec'), ns)
     return ns[name], times, lines, labels
 
@@ -118,17 +118,17 @@ def _cast(a, e, t, tmp):
 def _gelu_s(x, t):
     "`(xc, sigmoid(v))` of the fused GELU as expressions, in the order of `ops._gelu_parts`."
     c = lambda v: f"{t}({v!r})"
-    xc = f"np.minimum(np.maximum({x}, {c(-_GELU_CLIP)}), {c(_GELU_CLIP)})"
-    s = f"({xc} * {xc} * {c(_GELU_A)} + {c(1.0)}) * {xc} * {c(-2 * _GELU_C)}"
+    xc = f"np.minimum(np.maximum({x}, {c(-GELU_CLIP)}), {c(GELU_CLIP)})"
+    s = f"({xc} * {xc} * {c(GELU_A)} + {c(1.0)}) * {xc} * {c(-2 * GELU_C)}"
     return xc, f"{c(1.0)} / (np.exp({s}) + {c(1.0)})"
 
 def _gelu(a, e, t, tmp):
-    return f"{_gelu_s(a[0], t)[1]} * np.maximum({a[0]}, {t}({-_GELU_CLIP!r}))"
+    return f"{_gelu_s(a[0], t)[1]} * np.maximum({a[0]}, {t}({-GELU_CLIP!r}))"
 
 def _gelu_grad(a, e, t, tmp):
     "gelu'(x) = s(1 − s)·x·v' + s, in the order of `ops._gelu_grad_impl` (`s` kept in `tmp`)."
     xc, s = _gelu_s(a[0], t)
-    dv = f"({xc} * {xc} * {t}({3 * _GELU_A!r}) + {t}(1.0)) * {t}({2 * _GELU_C!r})"
+    dv = f"({xc} * {xc} * {t}({3 * GELU_A!r}) + {t}(1.0)) * {t}({2 * GELU_C!r})"
     return [f"{tmp} = {s}"], f"({t}(1.0) - {tmp}) * {tmp} * {xc} * {dv} + {tmp}"
 
 SCALAR_CODE = {**_BINARY, **_UNARY, 'power': _power, 'cast': _cast,
@@ -210,8 +210,8 @@ def group_eqns(g, min_size=None, transcendental=False):
     return group
 
 # %% ../../nbs/core/06_fuse.ipynb #98ab1f7d
-_HEADER = '''"""A fused elementwise kernel written by gradus.core.fuse. Do not edit: the file name is
-the hash of the kernel's text; delete the folder to clear the cache."""
+_HEADER = '''"""A fused elementwise kernel written by gradus.core.fuse. Do not edit: the file name
+is the hash of the kernel's text; delete the folder to clear the cache."""
 import numpy as np
 from numpy import float32, float64, bool_
 from numba import njit
@@ -396,4 +396,15 @@ def fuse(g, min_size=None, transcendental=False):
         eqns += _group_eqns(es, *_group_io(g, es, u, readers))
     return Graph(g.ins, eqns, g.outs)
 
-install_fuser(fuse)
+# %% ../../nbs/core/06_fuse.ipynb #d9499e6a
+def fusing(flag=None):
+    """Whether to fuse: `flag` when it is a bool, else the environment variable `GRADUS_FUSE` ('0'
+    turns it off; default on)."""
+    if flag is None: flag = os.environ.get('GRADUS_FUSE', '1') != '0'
+    return bool(flag)
+
+def fusion(flag=None):
+    """The fusion pass as a step of a pipeline (`compile_graph`'s `passes`): `fuse(g)` when
+    `fusing(flag)` at the time the graph compiles, else `g` as it is."""
+    def fusion_pass(g): return fuse(g) if fusing(flag) else g
+    return fusion_pass

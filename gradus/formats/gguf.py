@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from .safetensors import read_safetensors_header
 from ..errors import FormatError
-from .quants import (GGMLType, BLOCK, DEQUANT_REF, dequantize, qmatvec, ggml_type,
-                           unsupported_type_error)
+from .quants import (GGMLType, BLOCK, DEQUANT_REF, dequantize, matvec_exact,
+                           ggml_type, unsupported_type_error)
 
 # %% ../../nbs/formats/19_gguf.ipynb #4118ad47
 class GGUFValueType(IntEnum):
@@ -254,12 +254,12 @@ class _TensorReads:
         return out.reshape(t.shape)
 
     def matvec(self, name, x) -> np.ndarray:
-        """`W @ x` for the 2-D tensor `name` (n_out, n_in) and float32 `x` (n_in,), using `qmatvec`
-        on the stored blocks."""
+        """`W @ x` for the 2-D tensor `name` (n_out, n_in) and float32 `x` (n_in,), using
+        `quants.matvec_exact` on the stored blocks."""
         t = self._info(name)
         if len(t.shape) != 2:
             raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
-        return np.concatenate([qmatvec(self.raw(name, (r0, r1)), t.type, x)
+        return np.concatenate([matvec_exact(self.raw(name, (r0, r1)), t.type, x)
                                for r0, r1 in self._row_chunks(name)])
 
 # %% ../../nbs/formats/19_gguf.ipynb #eecc6881

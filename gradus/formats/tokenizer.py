@@ -18,7 +18,7 @@ import numpy as np
 import regex
 from ..errors import TokenizerError
 from .spm import (CONTROL, USER_DEFINED, StreamDecoder, SentencePieceBPE,
-                        _special_tables, _cut_special, _eog_ids)
+                                special_tables, cut_special, end_of_generation_ids)
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #7f52ce68
 class CharTokenizer:
@@ -174,9 +174,10 @@ class BPETokenizer(_ByteDecoding, _ChatTemplate):
         self.ranks = parse_merges(merges)
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
         self.chat_template = chat_template
-        self._special, self._split_all, self._split_user = _special_tables(self.tokens,
+        self._special, self._split_all, self._split_user = special_tables(self.tokens,
                                                                            self.token_types)
-        self.eog_ids = _eog_ids(self._special, self.token_types, eog_ids, eos_id)
+        self.eog_ids = end_of_generation_ids(self._special, self.token_types, eog_ids,
+                                             eos_id)
         self.u2b = {u: b for b, u in byte_to_unicode().items()}
         self._cache = {}
 
@@ -200,7 +201,7 @@ class BPETokenizer(_ByteDecoding, _ChatTemplate):
         prepends `bos_id`."""
         split = self._split_all if parse_special else self._split_user
         ids = [self.bos_id] if add_bos and self.bos_id is not None else []
-        for c in _cut_special(text, split, self._special):
+        for c in cut_special(text, split, self._special):
             if isinstance(c, int): ids.append(c); continue
             for p in pre_tokenize(c, self.exprs) if c else ():
                 ids += self._bpe(p)

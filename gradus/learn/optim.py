@@ -59,6 +59,11 @@ def _check_grads(grads, params, who):
 
 def _step(state): return int(state['step'])
 
+def _as_param(x, p):
+    "`x`, the updated parameter, in `p`'s dtype: a state of another dtype never changes it."
+    dt = np.asarray(p).dtype
+    return x if np.asarray(x).dtype == dt else np.asarray(x).astype(dt)
+
 # %% ../../nbs/learn/12_optim.ipynb #8f61fa0d
 def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0):
     """Stochastic gradient descent (Robbins & Monro 1951) with optional momentum (Polyak 1964) and
@@ -84,7 +89,7 @@ def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0):
             bufs = [momentum * b + g for b, g in zip(tree_leaves(state['momentum']), gl)]
             new['momentum'] = tree_unflatten(td, bufs)
             gl = [g + momentum * b for g, b in zip(gl, bufs)] if nesterov else bufs
-        return tree_unflatten(td, [p - lr_t * g for p, g in zip(pl, gl)]), new
+        return tree_unflatten(td, [_as_param(p - lr_t * g, p) for p, g in zip(pl, gl)]), new
     return Optimizer(init, update, sched)
 
 # %% ../../nbs/learn/12_optim.ipynb #1c191409
@@ -105,13 +110,14 @@ def _mask_leaves(mask, params):
 # %% ../../nbs/learn/12_optim.ipynb #ca64f2cc
 def adamw_leaf_reference(p, g, m, v, b1, b2, c1, c2, eps, wd, lr):
     """One AdamW step of one leaf in numpy: `(p, m, v)` after the step, as new arrays of the
-    leaf's dtype (Python-float hyperparameters are weak: float32 stays float32). `c1`, `c2`: the
+    leaf's dtype (Python-float hyperparameters are weak: float32 stays float32; a float64 `m`, `v`
+    stays float64 and the parameter stays float32). `c1`, `c2`: the
     bias corrections `1 − β₁ᵗ`, `1 − β₂ᵗ`; `wd` 0 for a leaf outside the decay mask."""
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * (g * g)
     step = (m / c1) / (np.sqrt(v / c2) + eps)
     if wd: step = step + wd * p
-    return p - lr * step, m, v
+    return _as_param(p - lr * step, p), m, v
 
 
 # %% ../../nbs/learn/12_optim.ipynb #62a83059

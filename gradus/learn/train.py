@@ -19,7 +19,7 @@ from ..core.pytree import (tree_to_dict, tree_from_dict, tree_flatten, tree_unfl
 from ..core.autograd import value_and_grad
 from ..core.dtype import is_float
 from ..errors import DTypeError
-from ..core.graph import Transformed
+from ..core.cache import Transformed
 from ..errors import ShapeError
 from ..core import kernels
 from . import random

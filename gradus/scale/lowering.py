@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 from ..core import autograd as A
-from ..core import graph as GR
+from ..core import codegen as CG
 from ..core import pytree as PT
 from ..core import tensor as T
 from ..learn import optim, train
@@ -207,7 +207,7 @@ def _split_host(g):
     keys = [v.dtype == np.uint64 for v in g.ins]
     fwd, dev, n_known = A.partial_eval(g, keys)   # fwd: what the keys alone determine
     if n_known: raise LoweringError("to_jax: outputs computed from keys alone are not supported")
-    return _Host(GR.compile_graph(fwd, 'draws').fn, tuple(i for i, k in enumerate(keys) if k)), dev
+    return _Host(CG.compile_graph(fwd, 'draws').fn, tuple(i for i, k in enumerate(keys) if k)), dev
 
 # %% ../../nbs/scale/28_lowering.ipynb #20acc666
 def to_jax(f, *example_args):
@@ -222,7 +222,7 @@ def to_jax(f, *example_args):
     `g.unused`, the flat positions of argument leaves it never reads. Raises `LoweringError` (see
     `lower_graph`), `ValueError` for arguments whose structure differs from the example's."""
     _need_jax()
-    entry, _ = GR.jit(f).lower(*example_args)
+    entry, _ = A.jit(f).lower(*example_args)
     host, dev = _split_host(entry.graph)
     _check_rules(dev)
     in_td, keys = PT.tree_flatten(example_args)[1], host.keys if host else ()
@@ -244,7 +244,7 @@ def to_jax(f, *example_args):
         return entry.post(lower_graph(dev, vals))
     lowered = lambda *args: device(draw(*args), *args)
     lowered.host, lowered.device, lowered.graph = draw, device, dev
-    lowered.__name__ = f"to_jax({A._fname(f)})"
+    lowered.__name__ = f"to_jax({A.name_of(f)})"
     others = iter(dev.ins[len(dev.ins) - (len(entry.graph.ins) - len(keys)):])   # after the drawn
     lowered.unused = frozenset(i for i in range(len(entry.graph.ins))
                                if i in keys or next(others).n not in read)
