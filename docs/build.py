@@ -23,8 +23,9 @@ PKG = 'gradus'
 
 # The sidebar's sections in reading order: (caption, wing, which of its notebooks). The wing is a
 # folder of nbs/ ('' for nbs/ itself); `numbers` keeps the notebooks whose number is in it (None:
-# all of the wing's), `stems` names unnumbered ones. Every notebook but the index falls in exactly
-# one section: a new wing or an unplaced notebook fails the build until it is given its place.
+# every notebook of the wing, numbered or not), `stems` names unnumbered ones. Every notebook but
+# the index falls in exactly one section: a new wing or an unplaced notebook fails the build until
+# it is given its place.
 SECTIONS = [
     ('Part I, training: the autodiff core', 'core', None, ()),
     ('Part I, training: learning', 'learn', None, ()),
@@ -36,6 +37,7 @@ SECTIONS = [
     ('The command line', 'jobs', range(17, 100), ()),
     ('The command line', '', range(0, 100), ()),
     ('Errors', '', (), ('errors',)),
+    ('Exercises', 'exercises', None, ()),
 ]
 _STEM = re.compile(r'^(\d+)([a-z]?)_\w+$')  # 05_graph (a lesson), 05a_graph_codegen (its companion)
 
@@ -450,8 +452,8 @@ def sections(notebooks):
     out, where = [], {}
     for caption, wing, numbers, stems in SECTIONS:
         took = [nb for nb in notebooks if nb.name != 'index' and nb.wing == wing and (
-            nb.name in stems
-            or (nb.number is not None and (numbers is None or nb.number in numbers)))]
+            numbers is None or nb.name in stems
+            or (nb.number is not None and nb.number in numbers))]
         for nb in took: where.setdefault(nb.name, []).append(caption)
         if out and out[-1][0] == caption: out[-1][1].extend(took)
         else: out.append((caption, took))

@@ -31,10 +31,10 @@ class CheckpointError(GradusError, ValueError):  # learn/13_train.ipynb
     """A checkpoint that does not fit: a missing or unexpected tensor, or a shape or dtype that
     differs; names the tensor."""
 
-class DataError(GradusError, ValueError):  # jobs/16_shakespeare.ipynb
+class DataError(GradusError, ValueError):  # jobs/16a_shakespeare_run.ipynb
     "A training text that cannot be used: missing, empty, not UTF-8, or too short for one block."
 
-class ConfigError(GradusError, ValueError):  # jobs/16_shakespeare.ipynb
+class ConfigError(GradusError, ValueError):  # jobs/16a_shakespeare_run.ipynb
     "A run setting out of its range; the message names the flag."
 
 class FormatError(GradusError, ValueError):  # formats/17_safetensors.ipynb

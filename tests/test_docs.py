@@ -185,7 +185,8 @@ def seen(site, server, tmp_path_factory):
 @needs_browser
 def test_every_notebook_has_a_page(seen):
     assert NOTEBOOKS
-    def plain(s): return re.sub(r'[`*_\s]', '', s)  # Markdown emphasis and code marks do not show
+    quotes = {ord('’'): "'", ord('‘'): "'", ord('“'): '"', ord('”'): '"'}  # Sphinx's smartquotes
+    def plain(s): return re.sub(r'[`*_\s]', '', s).translate(quotes)  # emphasis, code marks hide
     for nb in NOTEBOOKS:
         page = f'{nb.stem}.html'
         assert page in seen, f'{nb.name} has no page'

@@ -9,6 +9,7 @@ from gradus.core import tensor as T, ops, kernels
 from gradus.learn import nn, optim, random as R, loss as L
 from gradus.transformer import gpt
 from gradus.transformer import attention as A
+from gradus.transformer import causal_softmax as CS
 
 rng = np.random.default_rng(0)
 
@@ -83,12 +84,12 @@ def test_layer_norm_second_derivatives_through_the_kernels():
 def test_causal_softmax_kernels_equal_reference(tq, tk):
     s = rng.standard_normal((2, 3, tq, tk)) * 4
     g = rng.standard_normal((2, 3, tq, tk))
-    p = A._causal_softmax_impl(s, 0.3)
-    np.testing.assert_allclose(p, A._causal_softmax_reference(s, 0.3), rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(A._causal_softmax_vjp_impl(g, p, 0.3),
-                               A._causal_softmax_vjp_reference(g, p, 0.3), rtol=1e-12, atol=1e-14)
-    assert ops.check_rule(A._causal_softmax_p, s, scale=0.3, seed=7) < 1e-6
-    assert gd.check_grads(lambda s: A._causal_softmax_p.bind(s, scale=0.3), (s[:1, :1],),
+    p = CS._causal_softmax_impl(s, 0.3)
+    np.testing.assert_allclose(p, CS._causal_softmax_reference(s, 0.3), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(CS._causal_softmax_vjp_impl(g, p, 0.3),
+                               CS._causal_softmax_vjp_reference(g, p, 0.3), rtol=1e-12, atol=1e-14)
+    assert ops.check_rule(CS._causal_softmax_p, s, scale=0.3, seed=7) < 1e-6
+    assert gd.check_grads(lambda s: CS._causal_softmax_p.bind(s, scale=0.3), (s[:1, :1],),
                           order=2) <= 1
 
 

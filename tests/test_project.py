@@ -89,20 +89,26 @@ WING_DEPS = {
     'lm': {'errors', 'core', 'learn', 'transformer', 'formats'},
     'scale': {'errors', 'core', 'learn'},
     'jobs': {'errors', 'core', 'learn', 'transformer', 'formats', 'lm', 'scale'},
+    'exercises': {'errors', 'core', 'learn', 'transformer', 'formats', 'lm', 'scale',
+                  'jobs'},
     '__main__': {'jobs'},
 }
 RANKS = {
     'errors': 0, '__main__': 0,
     'core.dtype': 0, 'core.pytree': 0, 'core.shape': 1, 'core.tensor': 2, 'core.ops': 3,
-    'core.graph': 4, 'core.codegen': 4.1, 'core.cache': 4.2, 'core.fuse': 4.5, 'core.autograd': 5, 'core.kernels': 5.5,
+    'core.graph': 4, 'core.codegen': 4.1, 'core.cache': 4.2, 'core.fuse': 4.5, 'core.autograd': 5,
+    'core.kernels': 5.5,
     'learn.loss': 0, 'learn.random': 0, 'learn.nn': 1, 'learn.optim': 1, 'learn.train': 2,
-    'transformer.attention': 0, 'transformer.gpt': 1,
+    'transformer.causal_softmax': 0, 'transformer.attention': 1, 'transformer.gpt': 2,
     'formats.safetensors': 0, 'formats.quants': 1, 'formats.gguf': 2, 'formats.spm': 2,
     'formats.tokenizer': 3,
     'lm.sampling': 0, 'lm.qkernels': 0, 'lm.decode': 1, 'lm.models': 2, 'lm.engine': 3,
     'lm.chat': 4,
     'scale.lowering': 0,
     'jobs.shakespeare': 0, 'jobs.cli': 1,
+    'exercises.checking': 0, 'exercises.core': 1, 'exercises.learn': 1,
+    'exercises.transformer': 1, 'exercises.jobs': 1, 'exercises.formats': 1, 'exercises.lm': 1,
+    'exercises.scale': 1, 'exercises.graphs': 1, 'exercises.blocks': 1, 'exercises.lessons': 1,
 }
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
 

@@ -3,9 +3,10 @@
 The prose is every notebook's Markdown and its code's comments and strings, README.md, the site's
 hand-written pages (docs/*.md) and the exempla's READMEs. A notebook is named there
 
-- by path, `nbs/core/05_graph.ipynb`: the file must exist at that path;
+- by path, `nbs/core/05_graph.ipynb` or `core/05_graph`: the file must exist at that path;
 - by file name, `05_graph.ipynb` or `05_graph`: a notebook must have that stem;
-- by number, "notebook 16", "notebooks 14 and 15": a notebook must have that number;
+- by number, "notebook 16", "notebooks 14 and 15", "lessons 00-04": a notebook must have that
+  number;
 - by module, "the decode notebook", "the `decode` notebook", {nb}`decode`: a notebook must export
   (or be named after) that module;
 
@@ -72,10 +73,12 @@ class Bad(NamedTuple):
 
 _NUM = r'\d{1,2}[a-z]?'
 _PATH = re.compile(r'\bnbs/(?:[\w-]+/)*[\w.-]+\.ipynb\b')
+_WING_STEM = re.compile(r'(?<![\w/.-])(?!nbs/)([a-z]+)/(\d{2}[a-z]?_[a-z][a-z0-9_]*?)'
+                        r'(\.ipynb)?(?![\w-])')  # core/05_graph: a notebook of a wing
 _STEM = re.compile(r'(?<![\w/.-])(\d{2}[a-z]?_[a-z][a-z0-9_]*?)(\.ipynb)?(?![\w-])')
 # prose wraps: a space in these patterns is any run of white space, a line break included
-_NUMBERED = re.compile(rf'\bnotebooks?\s+({_NUM}(?:(?:,\s+|\s+and\s+|\s+or\s+|[–-]){_NUM})*)\b'
-                       r'(?![.,]\d)', re.I)
+_NUMBERED = re.compile(r'\b(?:notebooks?|lessons?)\s+(' + _NUM
+                       + r'(?:(?:,\s+|\s+and\s+|\s+or\s+|[–-])' + _NUM + r')*)\b(?![.,]\d)', re.I)
 _NAMED = re.compile(r"\bthe\s+([`*]?)([A-Za-z_]\w*)\1\s+(?:and\s+([`*]?)([A-Za-z_]\w*)\3\s+)?"
                     r"(notebook|notebooks|companion|lesson)\b(?:'s)?(?:\s*\((" + _NUM + r")\))?")
 _NB_ROLE = re.compile(r'\{nb\}`(?:[^`<]*<)?(\w+)>?`(?:\s*\((' + _NUM + r')\))?')
@@ -126,6 +129,12 @@ def check_text(text, where, nbs):
             stem = Path(path).stem
             hint = f' (it is {by_stem[stem].path})' if stem in by_stem else ''
             bad.append(Bad(where, path, f'no such notebook{hint}'))
+    for m in _WING_STEM.finditer(text):
+        path = f'nbs/{m.group(1)}/{m.group(2)}.ipynb'
+        if path not in by_path:
+            stem = m.group(2)
+            hint = f' (it is {by_stem[stem].path})' if stem in by_stem else ''
+            bad.append(Bad(where, m.group(0), f'no notebook {path}{hint}'))
     for m in _STEM.finditer(text):
         stem = m.group(1)
         if stem in by_stem: continue
@@ -230,7 +239,8 @@ def _tree(tmp_path):
 
 
 RIGHT = [
-    'See `nbs/core/05_graph.ipynb`, `05a_codegen.ipynb` and 23_decode.',
+    'See `nbs/core/05_graph.ipynb`, `05a_codegen.ipynb` and 23_decode, `lm/23a_stream`.',
+    'lessons 05-05a, the lesson 23',
     'Notebook 23 decodes; notebooks 05 and 05a trace; notebook 5 too.',
     'the decode notebook (23), the `graph` notebook, the decode notebook\'s (23)',
     'notebook 23 (`decode`), {nb}`decode`, {nb}`the cache <decode>` (23)',
@@ -244,6 +254,8 @@ WRONG = {
     'Read `nbs/lm/05_graph.ipynb`.': 'no such notebook (it is nbs/core/05_graph.ipynb)',
     'the codegen cells of 05_codegen': 'no notebook named 05_codegen (perhaps 05a_codegen)',
     'as notebook 16 shows': 'no notebook numbered 16',
+    'the lessons 05-07': 'no notebook numbered 07',
+    '(`lm/05_graph`)': 'no notebook nbs/lm/05_graph.ipynb (it is nbs/core/05_graph.ipynb)',
     'notebooks 05 and 17': 'no notebook numbered 17',
     "as the decode notebook's (16) says": 'decode is 23_decode, not notebook 16',
     'the graph notebook (23)': 'graph is 05_graph, not notebook 23',

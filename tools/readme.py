@@ -14,6 +14,10 @@ def render() -> str:
     nb = nbformat.read(ROOT / 'nbs' / 'index.ipynb', as_version=4)
     nb.cells = [c for c in nb.cells if not (c.cell_type == 'code' and c.source.lstrip().startswith('#|'))]
     for c in nb.cells:
+        if c.cell_type == 'markdown':   # an exported markdown cell starts with its `#| export` line
+            lines = c.source.splitlines()
+            while lines and lines[0].startswith('#|'): lines.pop(0)
+            c.source = '\n'.join(lines)
         if c.cell_type == 'code':
             c.source = '\n'.join(l for l in c.source.splitlines() if not l.startswith('# NBVAL_'))
     nb.metadata['language_info'] = {'name': 'python'}

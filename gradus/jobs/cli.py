@@ -33,9 +33,9 @@ def _shakespeare_args(p):
 def _training_loop(args):
     """`train.fit`, or for `--backend jax` the lowered loop (`shakespeare.make_optimizer`'s AdamW).
     `gradus.scale.lowering` imports jax (about 110 MiB resident and 0.4 s), which no other command
-    needs, so it is imported here, when `--backend jax` asks for it, by `importlib.import_module` with the
-    module's name written out: tests/test_project.py reads that call as the edge cli -> lowering and
-    checks it like any import."""
+    needs, so it is imported here, when `--backend jax` asks for it, by `importlib.import_module`
+    with the module's name written out: tests/test_project.py reads that call as the edge
+    cli -> lowering and checks it like any import."""
     if args.backend == 'numpy': return train.fit
     lowering = importlib.import_module('..scale.lowering', __package__)
     fields = shakespeare.RunConfig._fields

@@ -1,6 +1,6 @@
-"""The main job's idea, carried to a result: the plays as plain text, a vocabulary of characters, the
-GPT of 15_gpt trained with AdamW through gradus's generated backward code, its loss falling past
-two baselines counted by hand, and a sample of what it writes. The engineering of the
+"""The main job's idea, carried to a result: the plays as plain text, a vocabulary of characters,
+the GPT of 15_gpt trained with AdamW through gradus's generated backward code, its loss falling
+past two baselines counted by hand, and a sample of what it writes. The engineering of the
 `gradus shakespeare` command (the plays' markdown, settings checked before a run, the run folder,
 its metrics log, checkpoint and resume, the flags) is the companion, 16a_shakespeare_run, whose
 code joins this notebook's in one module, `gradus.jobs.shakespeare`."""
