@@ -201,13 +201,13 @@ def test_fused_kernels_only_where_they_apply(model, monkeypatch):
     ids = np.array(model.tokenizer.encode("The capital of France is"))
     calls, real = [], engine.decode_step
     monkeypatch.setattr(engine, 'decode_step', lambda *a, **k: calls.append(a[3]) or real(*a, **k))
-    for params, fused in ((p, True), ({**p, 'output': q6}, False)):
-        cache = models.new_cache(c, 8)
-        step = models.stepper(params, c, cache, exact=True)
+    for dtype, fused in ((np.float32, True), (np.float64, False)):   # the engine's cache: float32
+        cache = models.new_cache(c, 8, dtype)
+        step = models.stepper(p, c, cache, exact=True)
         got = [step(ids, 0), step(ids[-1:], len(ids))]
         assert calls == ([ids[-1]] if fused else []), (fused, calls)
         calls.clear()
-        full = models.apply(params, np.concatenate([ids, ids[-1:]]), c)
+        full = models.apply(p, np.concatenate([ids, ids[-1:]]), c)
         np.testing.assert_allclose(got[0], full[len(ids) - 1], atol=1e-3)
         np.testing.assert_allclose(got[1], full[-1], atol=1e-3)
 

@@ -241,7 +241,7 @@ def test_four_row_kernels_both_modes(t, n_out):
     W, x8 = gguf_rows(blocks, t), rounded(x)
     for exact, xr in ((True, x.astype(np.float64)), (False, x8)):
         y = np.full(n_out, np.nan, np.float32)
-        K._matvec_rows4(blocks.reshape(-1), K._KIND[t], x, exact, y)
+        K._matvec_rows4(blocks.reshape(-1), K.KIND[t], x, exact, y)
         assert np.all(np.abs(y - W @ xr) <= matvec_bound(blocks, t, xr)), (t.name, exact)
     y8 = K.qmatvec(blocks, t, x, exact=False)
     assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))

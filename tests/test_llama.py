@@ -269,7 +269,7 @@ def test_decode_parity(model, tok):
 def rows4(w, x, exact):
     "The engine's four-row kernel over all rows of QTensor `w` at `x` (float32)."
     y = np.empty(w.shape[0], np.float32)
-    qkernels._matvec_rows4(w.blocks.reshape(-1), qkernels._KIND[w.type], x, exact, y)
+    qkernels._matvec_rows4(w.blocks.reshape(-1), qkernels.KIND[w.type], x, exact, y)
     return y
 
 
@@ -319,7 +319,7 @@ def test_activation_rounding_reference():
     assert d.tolist() == [1.0, 0.0] and q[:4].tolist() == [0, -1, 127, 0]  # 0.5 rounds to even
     assert s.tolist() == [8.0 * 126, 0.0]
     got = [np.empty(n, np.float32) for n in (64, 64, 2, 2)]
-    qkernels._act(x, 64, False, *got)
+    qkernels.activation_side(x, 64, False, *got)
     assert np.array_equal(got[0], q) and np.array_equal(got[2], d) and np.array_equal(got[3], s)
 
 

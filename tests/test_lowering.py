@@ -12,6 +12,7 @@ jax = pytest.importorskip('jax', reason='jax is not installed (the extra: pip in
 import jax.numpy as jnp  # noqa: E402
 import gradus as gd  # noqa: E402
 from gradus.core import tensor as T  # noqa: E402
+from gradus.core import dtype as D  # noqa: E402
 from gradus.scale import lowering as LW
 from gradus.learn import nn, optim, random as R
 from gradus.transformer import gpt
@@ -39,7 +40,7 @@ CASES = [
     ('multiply', lambda a, b: a * b, (f32(3, 4), f32(3, 4))),
     ('add', T.add, (np.array([1, 2, 3]), f32(3))),        # int64 + float32: gradus's promotion
     ('multiply', lambda a, b: T.add(T.multiply(a, b), 1),
-     (f32(4).astype(gd.core.dtype.bfloat16), f32(4).astype(gd.core.dtype.bfloat16))),   # bfloat16 compute
+     (f32(4).astype(D.bfloat16), f32(4).astype(D.bfloat16))),   # bfloat16 compute
     ('divide', lambda a, b: a / b, (f32(3, 4), pos(3, 4))),
     ('power', lambda a, b: a ** b, (pos(3, 4), f32(3, 4))),
     ('maximum', T.maximum, (fl32(1, 2, 3), fl32(1, 0, 5))),
@@ -74,7 +75,7 @@ CASES = [
     ('transpose', lambda a: T.transpose(a, (2, 0, 1)), (f32(2, 3, 4),)),
     ('broadcast_to', lambda a: T.broadcast_to(a, (3, 2, 4)), (f32(2, 1),)),
     ('cast', lambda a: T.cast(a, np.int32), (fl32(-1.7, 0.2, 2.9),)),
-    ('cast', lambda a: T.cast(a, gd.core.dtype.bfloat16), (f32(4),)),
+    ('cast', lambda a: T.cast(a, D.bfloat16), (f32(4),)),
     ('cast', lambda a: T.cast(a, np.float16), (f32(4),)),
     ('getitem', lambda a: a[1:, None, -1, ::2], (f32(3, 4, 5),)),
     ('index_put', gd.grad(lambda a: T.sum(a[1:, ::2] ** 2)), (f32(3, 4),)),
@@ -138,7 +139,7 @@ def test_rule_matches_gradus_eager(name, f, args):
 NO_GRAD = ('sign', 'less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
            'isfinite', 'cast', 'take')
 DIFF = [(n, f, a) for n, f, a in CASES if not hasattr(f, 'lower') and n not in NO_GRAD
-        and all(np.asarray(x).dtype != gd.core.dtype.bfloat16 for x in a)]
+        and all(np.asarray(x).dtype != D.bfloat16 for x in a)]
 DIFF += [('take', lambda a: ops.take(a, np.array([[0, -1], [4, 0]]), axis=1), (f32(2, 5),)),
          ('gelu_grad', lambda a: gd.grad(lambda b: T.sum(ops.gelu(b) * b))(a), (f32(6),)),  # 2nd
          ('custom_vjp_call', lambda a: _clipped_identity(a) * 2.0, (f32(6),))]

@@ -254,3 +254,31 @@ def test_graph_names_skip_keywords_and_np():
     assert vals[:3] == ['a', 'b', 'c'] and 'ba' in vals and len(set(vals)) == 800
     assert not any(keyword.iskeyword(n) or n == 'np' for n in vals)
     assert 'in' not in vals and 'is' not in vals and 'np' not in vals
+
+
+@pytest.mark.parametrize('f, args, ct, want', [
+    # a gradient that does not depend on the cotangent (a zero constant), alone or beside others
+    (lambda x: T.stop_gradient(x) * 2.0, (np.ones(3),), np.ones(3), (np.zeros(3),)),
+    (lambda x: np.ones(3), (np.ones(3),), np.ones(3), (np.zeros(3),)),   # output ignores x
+    (lambda x, y: x * 2.0, (np.ones(3), np.ones(2)), np.ones(3), (2 * np.ones(3), np.zeros(2))),
+    (lambda x: (x * 2.0, T.stop_gradient(x)), (np.ones(3),), (np.ones(3), np.ones(3)),
+     (2 * np.ones(3),)),
+    (lambda x, y: (T.stop_gradient(x) * y, x), (np.full(3, 3.0), np.ones(3)),
+     (np.ones(3), np.ones(3)), (np.ones(3), np.full(3, 3.0))),
+    (lambda x: (x, x), (np.ones(3),), (np.full(3, 5.0), np.ones(3)), (np.full(3, 6.0),)),
+])
+def test_vjp_of_gradients_known_without_the_cotangent(f, args, ct, want):
+    "The forward half returns the primal outputs only; a gradient known early stays the backward's."
+    out, f_vjp = gd.vjp(f, *args)
+    got = f_vjp(ct)
+    assert len(got) == len(want)
+    for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
+    _, jv = gd.jvp(f, args, tuple(np.ones_like(a) for a in args))   # double-VJP: the same split
+    assert [np.shape(v) for v in gd.tree_leaves(jv)] == [np.shape(v) for v in gd.tree_leaves(out)]
+
+
+def test_partial_eval_refuses_an_unknown_forward_output():
+    from gradus.core.autograd import partial_eval
+    g, *_ = GR.trace_flat(lambda x, c: x * c, gd.tree_flatten((1.0, 1.0))[1],
+                          [((), np.float64)] * 2)
+    with pytest.raises(ValueError, match="first 1 outputs"): partial_eval(g, [True, False], 1)

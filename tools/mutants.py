@@ -175,8 +175,8 @@ MUTANTS = [
         "_attend_head(qkv[o : o + D], ck[h % ck.shape[0]], cv[h % ck.shape[0]]"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     M('llama-rmsnorm-eps-kernel', "decode kernel's RMSNorm adds eps outside the square root",
-      'lm.engine', (("np.sqrt(ss / _f32(x.shape[0]) + _f32(eps))",
-                  "(np.sqrt(ss / _f32(x.shape[0])) + _f32(eps))"),),
+      'lm.engine', (("np.sqrt(ss / f32(x.shape[0]) + f32(eps))",
+                  "(np.sqrt(ss / f32(x.shape[0])) + f32(eps))"),),
       ('tests/test_llama.py -k decode_parity', '{nb}')),
     # --- safetensors (nbs/formats/17_safetensors) ---
     M('safetensors-offset', "safetensors data buffer read one byte early", 'formats.safetensors',

@@ -35,8 +35,8 @@ from gradus.lm import engine, models
 from gradus.formats import gguf
 n = int(sys.argv[1])
 params, c = models.from_gguf(gguf.smollm2_path())
-engine.decode_step(params, c, engine.new_cache(c, 2), 1, 0, engine.workspace(params, c, 2))
-cache, ws = engine.new_cache(c, n + 1), engine.workspace(params, c, n + 1)
+engine.decode_step(params, c, models.new_cache(c, 2), 1, 0, engine.workspace(params, c, 2))
+cache, ws = models.new_cache(c, n + 1), engine.workspace(params, c, n + 1)
 t0, c0 = time.perf_counter(), time.process_time()
 for p in range(n):
     engine.decode_step(params, c, cache, 100 + p, p, ws)

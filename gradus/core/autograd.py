@@ -174,20 +174,27 @@ def _split_known(g, known):
         else: bwd.append(e)
     return fwd, bwd
 
+def _is_known(o, known): return not isinstance(o, Var) or o.n in known
+
 def _n_known_outs(outs, known):
     "How many leading outputs are known (constants or known variables)."
     n = 0
-    while n < len(outs) and (not isinstance(outs[n], Var) or outs[n].n in known): n += 1
+    while n < len(outs) and _is_known(outs[n], known): n += 1
     return n
 
-def partial_eval(g, known_ins):
+def partial_eval(g, known_ins, n_known_out=None):
     """Split graph `g` given which inputs are known now (`known_ins`, one bool per input) into
-    `(fwd, bwd, n_known_out)`: `fwd` maps the known inputs to the known outputs plus the residuals;
-    `bwd` maps residuals + unknown inputs to the remaining outputs. Outputs must come known first
-    (e.g. the primal outputs), then unknown."""
+    `(fwd, bwd, n_known_out)`: `fwd` maps the known inputs to the first `n_known_out` outputs plus
+    the residuals; `bwd` maps residuals + unknown inputs to the remaining outputs. `n_known_out`
+    None: as many leading outputs as are known. An output after them that is known anyway (a
+    constant, such as the zero gradient of an input the output does not depend on, or a known
+    variable) is still the backward half's: a constant stays a literal there, a variable becomes a
+    residual. Raises `ValueError` when one of the first `n_known_out` outputs is not known."""
     known = {v.n for v, k in zip(g.ins, known_ins) if k}
     fwd, bwd = _split_known(g, known)
-    n_known_out = _n_known_outs(g.outs, known)
+    if n_known_out is None: n_known_out = _n_known_outs(g.outs, known)
+    if not all(_is_known(o, known) for o in g.outs[:n_known_out]):
+        raise ValueError(f"partial_eval: the first {n_known_out} outputs are not all known")
     used = {v.n: v for e in bwd for v in e.ins if isinstance(v, Var)}
     used.update({o.n: o for o in g.outs[n_known_out:] if isinstance(o, Var)})
     residuals = [v for n, v in used.items() if n in known]
@@ -231,7 +238,7 @@ class _VJPEntry:
         graph, self.out_td, self.n_out, captured = trace_flat(f, td, avals, ct_grads)
         self.in_td, self.diff, self.captured = td, leaves_diff, captured
         known = [True] * len(avals) + [False] * self.n_ct + [True] * len(captured)
-        self.fwd, self.bwd, _ = partial_eval(dce(graph), known)
+        self.fwd, self.bwd, _ = partial_eval(dce(graph), known, self.n_out)
         self.out_avals = [(o.shape, o.dtype) for o in graph.outs[:self.n_out]]
         self.fwd_c = None if captured else compile_graph(self.fwd, 'vjp_fwd', compile_passes())
         self.bwd_c = None if captured else compile_graph(self.bwd, 'vjp_bwd', compile_passes())

@@ -29,6 +29,9 @@ class Result(NamedTuple):
 
     def __bool__(self): return self.status == 'pass'
 
+    def _ipython_display_(self):
+        "Show nothing in a notebook: the check printed its sentence already."
+
 # %% ../../nbs/exercises/checking.ipynb #fb123cdb
 def mismatch(expected, received, rtol=1e-6, atol=1e-9):
     """None when `received` agrees with `expected`, else a short reason (a string). Arrays (numpy or
@@ -62,14 +65,15 @@ def mismatch(expected, received, rtol=1e-6, atol=1e-9):
         return None
     if isinstance(expected, float) and isinstance(received, (int, float, np.floating)):
         return None if math.isclose(received, expected, rel_tol=rtol, abs_tol=atol) or (
-            math.isnan(expected) and math.isnan(received)) else f"{received!r}, expected {expected!r}"
+            math.isnan(expected) and math.isnan(received)) else \
+            f"{received!r}, expected {expected!r}"
     return None if received == expected else f"{_short(received)}, expected {_short(expected)}"
 
 
 def _short(v, n=120):
     "A one-line repr of `v`, cut to `n` characters."
     if isinstance(v, np.generic): v = v.item()
-    with np.printoptions(precision=6, threshold=12, edgeitems=3, linewidth=10_000):
+    with np.printoptions(precision=10, threshold=12, edgeitems=3, linewidth=10_000):
         s = ' '.join(repr(v).split())
     return s if len(s) <= n else s[:n - 3] + '...'
 
@@ -102,7 +106,8 @@ def check(answer: Callable, reference: Callable, cases, name=None, rtol=1e-6, at
                                f"{type(e).__name__}: {_short(str(e), 80)}{want}", case), quiet)
         if case.raises is not None:
             return _say(Result('fail', f"{name}: {where} fails: for input {shown} it should raise "
-                               f"{case.raises.__name__}, but returned {_short(got, 60)}", case), quiet)
+                               f"{case.raises.__name__}, but returned {_short(got, 60)}", case),
+                        quiet)
         why = cmp(reference(*_copies(case.args)), got)
         if why:
             return _say(Result('fail', f"{name}: {where} fails: for input {shown}: {why}", case),

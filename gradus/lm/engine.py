@@ -16,8 +16,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 from ..transformer.attention import rope_angles
-from .qkernels import (_KIND, _act, _atomic_add, _atomic_load, _dequant_row, _f32, _rows,
-                                _yield)
+from .qkernels import (KIND, activation_side, atomic_add, atomic_load, dequant_row, f32,
+                                kernel_rows, yield_core)
 from ..formats.quants import GGMLType, dequantize
 from ..errors import ConfigError, FormatError
 
@@ -25,10 +25,10 @@ from ..errors import ConfigError, FormatError
 @njit(cache=True, fastmath=True)
 def _rms_norm(x, w, eps, out):
     "`out = x / √(mean(x²) + eps) · w` (`nn.rms_norm`) for one float32 row."
-    ss = _f32(0)
+    ss = f32(0)
     for i in range(x.shape[0]):
         ss += x[i] * x[i]
-    r = _f32(1) / np.sqrt(ss / _f32(x.shape[0]) + _f32(eps))
+    r = f32(1) / np.sqrt(ss / f32(x.shape[0]) + f32(eps))
     for i in range(x.shape[0]):
         out[i] = x[i] * r * w[i]
 
@@ -46,14 +46,14 @@ def _attend_head(q, keys, values, t0, t1, out, s):
     """One query `q` `(D,)` against cached rows `t0 … t1−1` of `keys`, `values` `(n, D)` -> `out`
     `(D,)` (`scaled_dot_product_attention` for one head; `s`: scratch scores)."""
     D, m = q.shape[0], -np.inf
-    scale = _f32(1 / math.sqrt(D))
+    scale = f32(1 / math.sqrt(D))
     for t in range(t0, t1):
-        a = _f32(0)
+        a = f32(0)
         for j in range(D):
             a += q[j] * keys[t, j]
         s[t] = a * scale
         m = max(m, s[t])
-    z = _f32(0)
+    z = f32(0)
     for t in range(t0, t1):
         s[t] = np.exp(s[t] - m)
         z += s[t]
@@ -70,19 +70,19 @@ _CHUNK = 32  # rows per claim
 @njit(inline='always')
 def _claim(sync, st, n):
     "The first of the next `n` unclaimed rows (or heads) of stage `st`; past the end: none left."
-    return _atomic_add(sync, 2 * st, n)
+    return atomic_add(sync, 2 * st, n)
 
 
 @njit(inline='always')
 def _finish(sync, st, n):
-    _atomic_add(sync, 2 * st + 1, n)
+    atomic_add(sync, 2 * st + 1, n)
 
 
 @njit(inline='always')
 def _wait(sync, st, n):
     "Until `n` rows of stage `st` are done, by whichever workers."
-    while _atomic_load(sync, 2 * st + 1) < n:
-        _yield()
+    while atomic_load(sync, 2 * st + 1) < n:
+        yield_core()
 
 # %% ../../nbs/lm/26_engine.ipynb #llama039
 class Workspace(NamedTuple):
@@ -131,7 +131,7 @@ def unsupported(params, config) -> list:
     if any(b != c.rope_base for b in c.rope_bases): out.append(f"rope_bases={c.rope_bases!r}")
     mats = [lp[k] for lp in params['layers'] for k in _NAMES] + [params['output']]
     kinds = {w.type for w in mats[:-1]}
-    if len(kinds) != 1 or not (kinds | {mats[-1].type}) <= set(_KIND):
+    if len(kinds) != 1 or not (kinds | {mats[-1].type}) <= set(KIND):
         got = sorted(GGMLType(t).name for t in kinds | {mats[-1].type})
         out.append(f"block types={got}")
     return out
@@ -145,7 +145,7 @@ def check(params, config):
     if not bad: return
     kinds = [b for b in bad if b.startswith('block types')]
     if kinds == bad:
-        raise FormatError(f"decode_step needs one of {[t.name for t in _KIND]} for all layer "
+        raise FormatError(f"decode_step needs one of {[t.name for t in KIND]} for all layer "
                           f"matrices and one for the head, got {bad[0].split('=')[1]}")
     raise ConfigError(f"the fused engine does not implement {', '.join(bad)} (it runs Llama's "
                       f"options; models.stepper runs this model on models.forward)")
@@ -164,7 +164,7 @@ def workspace(params, c, capacity=None) -> Workspace:
     return Workspace(
         numba.typed.List([w.blocks.reshape(-1) for w in mats]),
         np.stack(norms + [params['norm']]).astype(np.float32),
-        (_KIND[mats[0].type], _KIND[mats[-1].type]),
+        (KIND[mats[0].type], KIND[mats[-1].type]),
         f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32), f(T, 4, 32), f(T, 2, 4), f(T, cap),
         f((c.n_heads + 2 * c.n_kv_heads) * c.head_dim), f(c.n_heads * c.head_dim), f(c.ffn_dim),
         np.zeros(2 * (5 * c.n_layers + 1), np.int64), f(c.vocab_size))
@@ -182,12 +182,12 @@ def _stage_rows(w, w2, kind, mode, nb, n, a, acc, out, y, sync, st):
         for r in range(c0, c1, 4):
             nr = min(4, c1 - r)
             for m in range(2 if mode == 2 else 1):  # one call site: one inlined copy
-                _rows(w2 if m else w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out[m])
+                kernel_rows(w2 if m else w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out[m])
             for i in range(nr):
                 g = out[0, i]
                 if mode == 0: y[r + i] = g
                 elif mode == 1: y[r + i] += g
-                else: y[r + i] = g / (_f32(1) + np.exp(-g)) * out[1, i]
+                else: y[r + i] = g / (f32(1) + np.exp(-g)) * out[1, i]
         _finish(sync, st, c1 - c0)
 
 
@@ -205,7 +205,7 @@ def _stage_qkv(wq, wk, wv, kind, nb, a, acc, out, qkv, nq, nk, D, cos, sin, ck, 
             w, base, lim = (wq, 0, nq) if r < nq else (
                 (wk, nq, nq + nk) if r < nq + nk else (wv, nq + nk, n))
             nr = min(4, min(c1, lim) - r)
-            _rows(w, kind, r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
+            kernel_rows(w, kind, r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
             qkv[r : r + nr] = out[0, :nr]
             r += nr
         for i in range(c0, min(c1, nq + nk), 2):  # chunks start even; nq is a multiple of D
@@ -264,25 +264,25 @@ def _worker(i, m, tk, ws, sync, exact):
         s, w = 5 * l, 7 * l
         if l > 0: _wait(sync, s - 1, dim)
         _rms_norm(x, norms[2 * l], eps, hi)
-        _act(hi, dim, exact, *a[:4])
+        activation_side(hi, dim, exact, *a[:4])
         _stage_qkv(W[w], W[w + 1], W[w + 2], kind, dim // 32, a, acc, out, qkv, nq, nk, D, cos,
                    sin, ck[l], cv[l], pos, sync, s)
         _wait(sync, s, nq + 2 * nk)
         _stage_attend(qkv, ck[l], cv[l], starts[l], pos + 1, H, D, H // Hkv, att, sc[i], sync,
                       s + 1)
         _wait(sync, s + 1, H)
-        _act(att, nq, exact, *a[:4])
+        activation_side(att, nq, exact, *a[:4])
         _stage_rows(W[w + 3], W[w + 3], kind, 1, nq // 32, dim, a, acc, out, x, sync, s + 2)
         _wait(sync, s + 2, dim)
         _rms_norm(x, norms[2 * l + 1], eps, hi)
-        _act(hi, dim, exact, *a[:4])
+        activation_side(hi, dim, exact, *a[:4])
         _stage_rows(W[w + 4], W[w + 5], kind, 2, dim // 32, nff, a, acc, out, ff, sync, s + 3)
         _wait(sync, s + 3, nff)
-        _act(ff, nff, exact, *a[:4])
+        activation_side(ff, nff, exact, *a[:4])
         _stage_rows(W[w + 6], W[w + 6], kind, 1, nff // 32, dim, a, acc, out, x, sync, s + 4)
     _wait(sync, 5 * L - 1, dim)
     _rms_norm(x, norms[2 * L], eps, hi)
-    _act(hi, dim, exact, *a[:4])
+    activation_side(hi, dim, exact, *a[:4])
     _stage_rows(W[7 * L], W[7 * L], hkind, 0, dim // 32, logits.shape[0], a, acc, out, logits,
                 sync, 5 * L)
 
@@ -298,9 +298,9 @@ def _embedding(params, token):
     "The float32 embedding row `(dim,)` of `token`; `IndexError` naming an id outside the vocab."
     e = params['embed']
     if not 0 <= token < e.shape[0]: raise IndexError(f"token id {token} outside [0, {e.shape[0]})")
-    if e.type not in _KIND: return dequantize(e.blocks[token], e.type).reshape(e.shape[1])
+    if e.type not in KIND: return dequantize(e.blocks[token], e.type).reshape(e.shape[1])
     x = np.empty(e.shape[1], np.float32)
-    _dequant_row(e.blocks.reshape(-1), _KIND[e.type], token, e.shape[1], x)
+    dequant_row(e.blocks.reshape(-1), KIND[e.type], token, e.shape[1], x)
     return x
 
 

@@ -8,9 +8,6 @@ and any tail that could begin a stop string, are held back until they are known.
 # %% auto #0
 __all__ = ['StopScan', 'PlainStream', 'text_stream']
 
-# %% ../../nbs/lm/23a_stream.ipynb #s7r3am02
-import numpy as np
-
 # %% ../../nbs/lm/23a_stream.ipynb #b1a7665c
 class StopScan:
     """Emit text as it arrives, holding back the longest tail that could begin one of `stops` (a
