@@ -13,7 +13,7 @@ from nbval.plugin import IPyNbFile
 from importlib.util import find_spec
 import pytest
 
-OPTIONAL = {'28_lowering.ipynb': ('jax',)}  # notebooks that need an optional extra: skipped, with the reason, without it
+OPTIONAL = {'28_lowering.ipynb': ('jax',), 'scale.ipynb': ('jax',)}  # notebooks that need an optional extra: skipped, with the reason, without it
 
 
 class CleanNotebook(IPyNbFile):

@@ -26,6 +26,17 @@ def test_set_threads_sets_blas_and_refuses_bad_counts():
             kernels.set_threads(bad)
 
 
+def test_set_threads_reports_the_count_in_force():
+    "BLAS caps itself (OpenBLAS at its build's count): the count reported is the one it took."
+    before = kernels.threads()
+    try:
+        n = kernels.set_threads(10**6)
+        assert n == kernels.threads() == kernels.blas_threads() < 10**6
+    finally:
+        kernels.set_threads(before)
+    assert kernels.threads() == before
+
+
 def test_thread_tuner_follows_the_faster_count_and_backs_off():
     delay = {1: 0.020, 2: 0.001}
     tuner = kernels.ThreadTuner(max_threads=2, period=10, max_backoff=4)

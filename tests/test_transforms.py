@@ -260,7 +260,9 @@ def test_graph_names_skip_keywords_and_np():
     # a gradient that does not depend on the cotangent (a zero constant), alone or beside others
     (lambda x: T.stop_gradient(x) * 2.0, (np.ones(3),), np.ones(3), (np.zeros(3),)),
     (lambda x: np.ones(3), (np.ones(3),), np.ones(3), (np.zeros(3),)),   # output ignores x
-    (lambda x, y: x * 2.0, (np.ones(3), np.ones(2)), np.ones(3), (2 * np.ones(3), np.zeros(2))),
+    (lambda x, y: y * 2.0, (np.ones(2), np.ones(3)), np.ones(3), (np.zeros(2), 2 * np.ones(3))),
+    (lambda x, y: (T.stop_gradient(x) * 2.0, y), (np.ones(2), np.ones(3)),   # multiple outputs
+     (np.ones(2), np.full(3, 4.0)), (np.zeros(2), np.full(3, 4.0))),
     (lambda x: (x * 2.0, T.stop_gradient(x)), (np.ones(3),), (np.ones(3), np.ones(3)),
      (2 * np.ones(3),)),
     (lambda x, y: (T.stop_gradient(x) * y, x), (np.full(3, 3.0), np.ones(3)),
@@ -280,5 +282,43 @@ def test_vjp_of_gradients_known_without_the_cotangent(f, args, ct, want):
 def test_partial_eval_refuses_an_unknown_forward_output():
     from gradus.core.autograd import partial_eval
     g, *_ = GR.trace_flat(lambda x, c: x * c, gd.tree_flatten((1.0, 1.0))[1],
-                          [((), np.float64)] * 2)
+                          [((), np.float64, False)] * 2)
     with pytest.raises(ValueError, match="first 1 outputs"): partial_eval(g, [True, False], 1)
+
+
+def test_python_scalar_argument_is_weak():
+    "A Python float argument takes the dtype it meets, as it does outside a trace (no float32)."
+    x64, x32 = np.arange(1.0, 4.0), np.arange(1.0, 4.0, dtype=np.float32)
+    f = gd.jit(lambda x, s: x * s)
+    assert f(x64, 1 / 3).dtype == np.float64
+    np.testing.assert_array_equal(f(x64, 1 / 3), x64 * (1 / 3))         # to the last bit
+    assert f(x32, 1 / 3).dtype == np.float32
+    np.testing.assert_array_equal(f(x32, 1 / 3), x32 * (1 / 3))
+    g = gd.jit(lambda x, s: x * (1 - s) * 2)                            # arithmetic on s alone
+    np.testing.assert_array_equal(g(x64, 1 / 3), x64 * (1 - 1 / 3) * 2)
+    assert g(x32, 0.25).dtype == np.float32
+    i32 = np.arange(3, dtype=np.int32)
+    assert gd.jit(lambda i, n: i + n)(i32, 2).dtype == np.int32          # a weak int too
+    assert gd.jit(lambda s: s * 2.0)(1 / 3) == 2 / 3                     # weak alone: exact
+    c = np.full(3, 3.0)                        # a float64 constant makes s * c strong float64,
+    inner = gd.jit(lambda t: c * t)            # also when the inner graph is replayed in an outer
+    assert gd.jit(lambda x, s: inner(s) * x)(x32, 0.5).dtype == np.float64
+
+
+def test_python_scalar_argument_keys_by_kind_not_value():
+    f = gd.jit(lambda x, s: x * s)
+    for s in (0.5, 1 / 3, 2.0): f(np.ones(2), s)
+    assert len(f.cache) == 1
+    f(np.ones(2), 2); f(np.ones(2), np.float64(2.0))        # a weak int, a strong float64
+    f(np.ones(2), np.float32(2.0))                          # a strong float32: not the weak float
+    assert len(f.cache) == 4
+
+
+def test_grad_of_python_float_argument_is_float64():
+    g = gd.grad(lambda s: s * s)(1 / 3)
+    assert g.dtype == np.float64 and g == 2 / 3
+    (gx, gs) = gd.grad(lambda x, s: T.sum(x * s), argnums=(0, 1))(np.ones(2, np.float32), 0.5)
+    assert gx.dtype == np.float32 and gs.dtype == np.float64 and gs == 2.0
+    _, f_vjp = gd.vjp(lambda x, s: x * s, np.ones(2), 1 / 3)
+    np.testing.assert_array_equal(f_vjp(np.ones(2))[0], np.full(2, 1 / 3))
+    assert gd.grad(gd.grad(lambda s: s * s * s))(0.5) == 3.0             # nested: weak inside

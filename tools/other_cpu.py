@@ -12,7 +12,9 @@ sanitizer as the test command) in a process that computes differently from this 
                           becomes empty; on numpy 2.4 the names are X86_V3, X86_V4, AVX512_ICL ...;
                           older numpy names single features, AVX2, FMA3, AVX512F ...)
   NUMBA_CPU_NAME          generic: numba compiles for a baseline x86-64 (SSE2, no AVX: other
-                          vector widths, so fastmath reductions add in another order)
+                          vector widths, so fastmath reductions add in another order);
+                          `--numba-cpu sandybridge` (AVX, no AVX2/FMA/F16C) where a kernel
+                          cannot run on generic (gradus.lm.qkernels' `fpext half` crashes there)
   NUMBA_NUM_THREADS       1 (or 2): numba's parallel loops split their work differently
   NUMBA_CACHE_DIR, GRADUS_CACHE  fresh empty folders, so nothing compiled here is reused
 
@@ -25,11 +27,14 @@ Usage (from the repository root, in the project's virtual environment):
     python tools/other_cpu.py nbs/learn nbs/core/00_dtype.ipynb   # folders or notebooks
     python tools/other_cpu.py --show                   # only the table of what changes
     python tools/other_cpu.py --keep NUMBA_CPU_NAME    # leave a variable as it is here
+    python tools/other_cpu.py --numba-cpu sandybridge nbs/lm   # another CPU for numba
 
-It prints one block per failing cell: `notebook::Cell N` (nbval's numbering: code cells from 0),
-whether the cell's output is checked (then the stored and the new text differ) or the cell
-raised, and the end of the report. Exit status 0 when every cell passes, 1 otherwise. All the
-notebooks take several minutes on two cores; a busy machine adds to that, not to the result.
+It prints a line per notebook and a block per failing cell: `notebook::Cell N` (nbval's
+numbering: code cells from 0), whether a checked output differs, the cell raised, or it timed
+out (a crashed kernel shows as a timed-out cell), and the end of pytest's report. Exit status 0
+when every cell passes, 1 otherwise. All the notebooks take 30+ minutes on two busy cores (each
+notebook runs in its own process, numba compiles everything afresh); a busy machine adds to the
+time, not to the result.
 The static guard beside it is tests/test_same_everywhere.py (run by the test command).
 """
 import argparse
@@ -63,14 +68,14 @@ def probe(env):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def other_env(here, keep=()):
+def other_env(here, keep=(), numba_cpu='generic'):
     "The environment of a machine unlike this one (`here`: `probe` of this one)."
     env = dict(os.environ)
     kernel = 'Haswell' if here['blas kernel'] == 'Sandybridge' else 'Sandybridge'
     new = {'OPENBLAS_CORETYPE': kernel,
            'OPENBLAS_NUM_THREADS': '2' if here['blas threads'] == 1 else '1',
            'NPY_DISABLE_CPU_FEATURES': ' '.join(here['numpy SIMD dispatched']),
-           'NUMBA_CPU_NAME': 'generic',
+           'NUMBA_CPU_NAME': numba_cpu,
            'NUMBA_NUM_THREADS': '2' if here['numba threads'] == 1 else '1'}
     for k, v in new.items():
         if k not in keep and v: env[k] = v
@@ -127,6 +132,8 @@ def main(argv=None):
     ap.add_argument('--show', action='store_true', help='print what changes and run nothing')
     ap.add_argument('--keep', action='append', default=[], metavar='VAR',
                     help='leave this variable as it is here (repeatable)')
+    ap.add_argument('--numba-cpu', default='generic', metavar='NAME',
+                    help='the CPU numba compiles for (an LLVM name; default generic)')
     ap.add_argument('--timeout', type=int, default=900, metavar='S',
                     help='seconds a cell may run before it counts as failed (default 900)')
     ap.add_argument('--child', metavar='REPORT', help=argparse.SUPPRESS)
@@ -136,7 +143,7 @@ def main(argv=None):
     here = probe(dict(os.environ))
     bad = 0
     with tempfile.TemporaryDirectory(prefix='gradus-other-cpu-') as tmp:
-        env = other_env(here, a.keep)
+        env = other_env(here, a.keep, a.numba_cpu)
         env['NUMBA_CACHE_DIR'], env['GRADUS_CACHE'] = f'{tmp}/numba', f'{tmp}/gradus'
         there = probe(env)
         print('what a second machine computes with (here -> the run):')

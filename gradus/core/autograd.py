@@ -229,7 +229,7 @@ def _per_argument(in_td, flat):
 class _VJPEntry:
     "The forward and backward halves of one signature's joint graph."
     def __init__(self, f, td, avals):
-        leaves_diff = [D.is_float(d) for _, d in avals]
+        leaves_diff = [D.is_float(d) for _, d, _ in avals]
         def ct_grads(t, ins, out_leaves):
             cts = [t.new_input(tuple(np.shape(o)), getattr(o, 'dtype', D.default_float))
                    for o in out_leaves]
@@ -262,9 +262,8 @@ def vjp(f, *primals):
     Each call traces `f` afresh (like `jax.vjp`), so closures are read at the call; for a loop,
     `grad`/`value_and_grad` cache instead. Raises `ShapeError`/`DTypeError` when `ct` does not match
     the output."""
-    leaves, td = tree_flatten(primals)
-    leaves = [as_leaf(x) for x in leaves]
-    return _VJPEntry(f, td, avals_of(leaves))(leaves)
+    given, td = tree_flatten(primals)
+    return _VJPEntry(f, td, avals_of(given))([as_leaf(x) for x in given])
 
 # %% ../../nbs/core/07_autograd.ipynb #06fbc820
 def _double_vjp(f):
@@ -407,4 +406,4 @@ def show_code(f, *args):
     halves) at `args`."""
     if hasattr(f, 'lower'): return f.lower(*args)[0].source
     leaves, td = tree_flatten(args)
-    return _VJPEntry(f, td, avals_of([as_leaf(x) for x in leaves])).source
+    return _VJPEntry(f, td, avals_of(leaves)).source

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['bool_', 'int32', 'int64', 'float16', 'bfloat16', 'float32', 'float64', 'DTYPES', 'FLOATS', 'INTS', 'default_float',
-           'default_int', 'canonical', 'is_float', 'finfo', 'promote_types', 'weak_kind', 'result_type', 'cast',
-           'check_differentiable']
+           'default_int', 'WEAK_STORAGE', 'canonical', 'is_float', 'finfo', 'promote_types', 'weak_kind', 'result_type',
+           'cast', 'check_differentiable']
 
 # %% ../../nbs/core/00_dtype.ipynb #070f000d
 import numpy as np
@@ -57,8 +57,15 @@ def promote_types(a, b) -> np.dtype:
     if {a, b} == {float16, bfloat16}: return float32
     return a if _RANK[a] > _RANK[b] else b
 
+WEAK_STORAGE = (bool_, int64, float64)   # kind -> the dtype that holds a weak value exactly
+
 def weak_kind(x):
-    "The kind of a Python scalar: 0 bool, 1 int, 2 float; None for anything with a dtype."
+    """The kind of a Python scalar: 0 bool, 1 int, 2 float; None for anything with a dtype. A
+    value marked `weak` (a Python scalar argument of a transformed function, traced) counts as
+    its kind too: it is stored in `WEAK_STORAGE[kind]` but takes the dtype it meets."""
+    if getattr(x, 'weak', False):
+        d = x.dtype
+        return 0 if d == bool_ else 2 if is_float(d) else 1
     if isinstance(x, np.generic): return None  # np.float64 subclasses float, but it has a dtype
     if isinstance(x, bool): return 0
     if isinstance(x, int): return 1

@@ -26,14 +26,18 @@ if 'NUMBA_THREADING_LAYER' not in os.environ:
 def set_threads(n):
     """Run BLAS (OpenBLAS or MKL: every BLAS numpy and scipy loaded, through threadpoolctl) and
     numba's pool (capped at `NUMBA_NUM_THREADS`) with `n` threads each. One number for both: the
-    step alternates between them, so they never run at once. Returns `n`; raises `ValueError`
-    unless `n` is an int >= 1."""
+    step alternates between them, so they never run at once. A library may take fewer than asked
+    (OpenBLAS caps itself at the count it was built for, 64 here): the count in force is the least
+    that a BLAS library took (`n` when none is loaded); numba gets it too, and `threads()` reports
+    it. Returns that count; raises `ValueError` unless `n` is an int >= 1."""
     if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
         raise ValueError(f"set_threads: n must be an int >= 1, got {n!r}")
     threadpool_limits(int(n), user_api='blas')
-    numba.set_num_threads(min(int(n), numba.config.NUMBA_NUM_THREADS))
-    _THREADS[0] = int(n)
-    return int(n)
+    n = min((i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'),
+            default=int(n))
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    _THREADS[0] = n
+    return n
 
 _CPUS = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else range(os.cpu_count() or 1)
 _THREADS = [len(_CPUS)]

@@ -86,6 +86,7 @@ class Tracer:
     def __init__(self, trace, var): self.trace, self.var = trace, var
     shape = property(lambda self: self.var.shape)
     dtype = property(lambda self: self.var.dtype)
+    weak = property(lambda self: getattr(self.var, 'weak', False))   # see `promote`
     ndim = property(lambda self: len(self.var.shape))
     size = property(lambda self: math.prod(self.var.shape))
     T = property(lambda self: transpose(self))
@@ -168,13 +169,28 @@ def _aval_compare(name):
 
 # %% ../../nbs/core/02_tensor.ipynb #7a441add
 def _as_dtype(x, d):
-    "`x` as dtype `d`: a cast for arrays and tracers, a 0-d array for Python and numpy scalars."
+    """`x` as dtype `d`: a cast for arrays and tracers, a 0-d array for Python and numpy scalars; a
+    weak tracer that meets a dtype becomes a strong one (the same variable, `Var.typed`)."""
+    if isinstance(x, Tracer) and x.weak and x.dtype == d: return Tracer(x.trace, x.var.typed(False))
     if isinstance(x, (Tracer, np.ndarray)): return x if x.dtype == d else cast(x, d)
     return np.asarray(x, dtype=d)
 
+def _weak_operand(x, d):
+    "Operand `x` of an operation on weak values alone, as a weak value of storage dtype `d`."
+    if not isinstance(x, Tracer): return np.asarray(x, dtype=d)
+    return x if x.dtype == d else Tracer(x.trace, cast(x, d).var.typed(True))
+
 def promote(*args):
-    "Operands brought to their common dtype (the dtype notebook's table)."
+    """Operands brought to their common dtype (the dtype notebook's table). Operands that are all
+    weak, with a weak tracer among them (a Python scalar argument of a transformed function), stay
+    weak in the dtype that holds their widest kind exactly (`WEAK_STORAGE`): the trace then
+    computes what Python's own arithmetic on the scalars would."""
     d = result_type(*args)
+    if any(isinstance(a, Tracer) and a.weak for a in args):
+        kinds = [D.weak_kind(a) for a in args]
+        if None not in kinds:
+            d = D.WEAK_STORAGE[builtins.max(kinds)]
+            return tuple(_weak_operand(a, d) for a in args)
     return tuple(_as_dtype(a, d) for a in args)
 
 def float_operand(x):
