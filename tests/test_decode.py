@@ -338,6 +338,7 @@ def test_penalty_window():
     assert np.array_equal(win(2), [1, 1, 0.5, 0.5])  # only tokens 2, 3 (the last two)
     assert np.array_equal(win(0), z)  # 0: no penalty
     assert np.array_equal(win(None), [0.5, 0.5, 0.5, 0.5])  # None: all
+    assert np.array_equal(win(7), [0.5, 0.5, 0.5, 0.5])  # a window longer than the history: all
     fc = GenerationConfig(frequency_penalty=1.0, penalty_window=None)
     assert np.array_equal(apply_penalties(z, hist, fc), [-1, 0, 0, 0])
 

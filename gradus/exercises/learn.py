@@ -252,8 +252,8 @@ def _lecun_normal_cases():
             Case((random.key(5), (256, 128)), 'a (256, 128) matrix')]
 
 def _expected_lecun_normal(key, shape, dtype=np.float32):
-    "`nn.normal` at the standard deviation √(1/fan_in) of the lesson's fans."
-    return nn.normal(key, shape, math.sqrt(1 / nn._fans(shape)[0]), dtype)
+    "The lesson's `he_normal` (variance 2/fan_in, the same draws) in float64, divided by √2."
+    return (nn.he_normal(key, shape, np.float64) / math.sqrt(2)).astype(dtype)
 
 @register('lecun_normal', 'learn/11_nn',
           "initialisers: the variance from the fans, drawn with nn.normal from a key",

@@ -109,7 +109,7 @@ def apply_penalties(logits, history, config):
     z = np.array(logits, dtype=np.float64)
     w = config.penalty_window
     hist = np.asarray(list(history), dtype=np.int64)
-    hist = hist if w is None else hist[len(hist) - w:] if w else hist[:0]
+    hist = hist if w is None else hist[max(0, len(hist) - w):] if w else hist[:0]
     out = hist[(hist < 0) | (hist >= z.size)]
     if out.size:
         raise ValueError(f"sample: history holds token ids outside [0, {z.size}): {out[:5]}")
