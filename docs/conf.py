@@ -48,6 +48,8 @@ def _nb_role(name, rawtext, text, lineno, inliner, options=None, content=None):
     title, stem = (m.group(1), m.group(2)) if m else (None, text.strip())
     found = sorted(d for d in env.found_docs
                    if re.fullmatch(rf'(\d+[a-z]?_)?{re.escape(stem)}', d))
+    if len(found) > 1:   # a module's lesson before an exercises page of the same name (models)
+        found = [d for d in found if d[0].isdigit()] or found
     if len(found) != 1:
         msg = inliner.reporter.error(
             f'{{nb}} role: no single notebook for module {stem!r} (found {found})', line=lineno)
