@@ -5,7 +5,8 @@ also a subclass of the builtin exception a reader would try first (`ValueError`,
 
 # %% auto #0
 __all__ = ['GradusError', 'DTypeError', 'ShapeError', 'TracerError', 'GradCheckError', 'NonFiniteError', 'CheckpointError',
-           'DataError', 'ConfigError', 'FormatError', 'TokenizerError', 'CacheError', 'LoweringError']
+           'DataError', 'ConfigError', 'FormatError', 'TokenizerError', 'CacheError', 'LoweringError',
+           'MemoryBudgetError']
 
 # %% ../nbs/errors.ipynb #58e66047
 class GradusError(Exception):
@@ -50,3 +51,7 @@ class CacheError(GradusError, ValueError):  # lm/23_decode.ipynb
 
 class LoweringError(GradusError, TypeError):  # scale/28_lowering.ipynb
     "A graph JAX cannot run as gradus does: no rule, float64 without x64, a shape/dtype mismatch."
+
+class MemoryBudgetError(GradusError, MemoryError):  # core/08_kernels.ipynb
+    """A run whose estimated peak memory exceeds what the machine has available; the message names
+    both figures and what the estimate counted."""
