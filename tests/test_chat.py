@@ -6,6 +6,7 @@ whole transcript read at once without any cache (greedy `models.apply` over the 
 The command is driven through `cli.main` with stdin replaced by lines of text, as a pipe would.
 """
 
+import argparse
 import io
 import re
 import subprocess
@@ -13,10 +14,12 @@ import sys
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from gradus.lm import chat, decode, engine, models
 from gradus.formats import gguf as G
 from gradus.jobs.cli import main
+from gradus.errors import ConfigError, MemoryBudgetError
 from gradus.formats.quants import GGMLType
 from _models import find
 
@@ -26,9 +29,19 @@ GREEDY = decode.GenerationConfig(max_new_tokens=8, temperature=0)
 
 @pytest.fixture(scope='module')
 def model():
+    "One loaded SmolLM2 for the module's tests."
     if MODEL is None:
         pytest.skip(needs_model.kwargs['reason'])
     return chat.load(MODEL)
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    """The reference forwards here (`models.apply` over a transcript) are a few dozen tokens: one
+    BLAS thread runs them in a second, where BLAS's default pool beside a busy neighbour waits on
+    its slowest thread for each of their ~200 small products (issue 24, item 2)."""
+    with threadpool_limits(1, user_api='blas'):
+        yield
 
 
 def _lines(err):
@@ -122,18 +135,24 @@ def test_chat_refusals_are_one_line(monkeypatch, capsys):
 
 
 @needs_model
-def test_chat_without_template_is_one_line(monkeypatch, capsys):
-    loaded = chat.load
+def test_chat_without_template_is_one_line_before_the_weights(monkeypatch, capsys):
+    "A model without a chat template is refused from its header: the weights are never read."
+    built = chat.tokenizer.from_gguf
 
-    def bare(path):
-        m = loaded(path)
-        m.tokenizer.chat_template = None                    # a fresh tokenizer: nothing shared
-        return m
+    def bare(g):
+        tok = built(g)
+        tok.chat_template = None                            # a fresh tokenizer: nothing shared
+        return tok
 
-    monkeypatch.setattr(chat, 'load', bare)
+    def never(*a, **k):
+        raise AssertionError('the weights were read')
+
+    monkeypatch.setattr(chat.tokenizer, 'from_gguf', bare)
+    monkeypatch.setattr(chat.models, 'from_gguf', never)
     status, cap = _chat(monkeypatch, capsys, "hi\n")
     err = _lines(cap.err)
-    assert status == 2 and len(err) == 1 and 'has no chat template' in err[0], err
+    assert status == 1 and len(err) == 1 and 'has no chat template' in err[0], err
+    assert err[0].startswith('gradus chat: TokenizerError: '), err
 
 
 @needs_model
@@ -180,12 +199,104 @@ def test_model_flags_one_line(monkeypatch, capsys):
         for bad in (['--model', 'gpt-5'], ['--model', 'smollm2', '--gguf', 'x.gguf'],
                     ['--model', 'gemma3-270m', '--gguf', 'x.gguf'],
                     ['--max-new-tokens', 'many']):
-            with pytest.raises(SystemExit) as e:
-                main([*cmd, *bad])
+            assert main([*cmd, *bad]) == 2
             err = _lines(capsys.readouterr().err)
-            assert e.value.code == 2 and len(err) == 1 and '--help' in err[0], err
+            assert len(err) == 1 and '--help' in err[0], err
     with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
         chat.model_path('gpt-5')
+
+
+# ---------------------------------------------------------------- nothing changed in silence
+def _generate_args(*argv):
+    p = argparse.ArgumentParser()
+    chat.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def _short(model, ctx=12):
+    "The model, told that its context ends at `ctx` positions."
+    return model._replace(config=model.config._replace(context_length=ctx))
+
+
+@needs_model
+def test_max_new_tokens_past_the_context_is_capped_with_a_note(model):
+    prompt = 'The capital of France is'                      # 5 tokens: 8 new ones fit in 12
+    for asked, note, stop in ((100, True, 'cache_full'), (8, False, 'max_new_tokens')):
+        out, err = io.StringIO(), io.StringIO()
+        args = _generate_args(prompt, '--max-new-tokens', str(asked), '--temperature', '0',
+                              '--ignore-eos')
+        assert chat.cli(args, out, err, _short(model)) == 0
+        want = ["gradus generate: --max-new-tokens 100 capped at 8: the prompt's 5 tokens and "
+                "the reply fill the model's context of 12 positions"] if note else []
+        assert _lines(err.getvalue()) == want
+        assert out.getvalue().rstrip().endswith(f'stop: {stop}'), out.getvalue()
+        assert 'decode 7 tokens' in out.getvalue()           # 8 sampled, the last never run
+    err = io.StringIO()
+    assert chat._capacity(model.config, 5, 100_000, err) == 8192
+    assert 'capped at 8,188' in err.getvalue() and "context of 8,192 positions" in err.getvalue()
+
+
+@needs_model
+def test_prompt_past_the_context_and_empty_prompt_are_one_line(model, monkeypatch, capsys):
+    monkeypatch.setattr(chat, 'load',
+                        lambda path, admit=None: (admit(_short(model).config, model.tokenizer, 0),
+                                                  _short(model))[1])
+    assert main(['generate', 'word ' * 20]) == 1
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith('gradus generate: CacheError: '), err
+    assert "the prompt's 21 tokens exceed the model's context of 12 positions" in err[0], err
+    assert main(['generate', '']) == 2
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and 'ConfigError' in err[0] and 'encodes to no tokens' in err[0], err
+
+
+@needs_model
+def test_chat_context_past_the_model_is_reduced_with_a_note(model, monkeypatch, capsys):
+    p = argparse.ArgumentParser()
+    chat.add_chat_arguments(p)
+    out, err = io.StringIO(), io.StringIO()
+    status = chat.chat_cli(p.parse_args(['--context', '100000']), io.StringIO(''), out, err, model)
+    lines = _lines(err.getvalue())
+    assert status == 0
+    assert lines[0] == "gradus chat: --context 100,000 reduced to 8,192, the model's context length"
+    for bad in ('0', '-5'):                                # meaningless: refused, exit status 2
+        status, cap = _chat(monkeypatch, capsys, "hi\n", '--context', bad)
+        assert status == 2 and _lines(cap.err) == [
+            f"gradus chat: ConfigError: --context must be >= 1, got {bad}"], cap.err
+    for capacity in (0, 8193, 100_000, 2.5):
+        with pytest.raises(ConfigError, match=f"capacity must be an int in 1 … 8,192.*{capacity}"):
+            chat.Chat(model, GREEDY, capacity=capacity)
+
+
+# ---------------------------------------------------------------- memory, before it is spent
+def _never(*a, **k):
+    raise AssertionError('the weights were read')
+
+
+@needs_model
+@pytest.mark.parametrize('cmd', [['generate', 'The capital of France is'], ['chat']])
+def test_a_run_that_does_not_fit_is_refused_before_the_weights(cmd, monkeypatch, capsys):
+    monkeypatch.setattr(chat.kernels, 'available_memory', lambda: 100 << 20)
+    monkeypatch.setattr(chat.models, 'from_gguf', _never)
+    monkeypatch.setattr(sys, 'stdin', io.StringIO("hi\n"))
+    assert main(cmd) == 1
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1, err
+    assert err[0].startswith(f'gradus {cmd[0]}: MemoryBudgetError: this run ('), err
+    assert 'weights 92 MiB + KV cache' in err[0] and 'needs about' in err[0], err
+    assert err[0].endswith('but this machine has 100 MiB available'), err
+
+
+@needs_model
+def test_a_turn_whose_prefill_does_not_fit_is_refused_untouched(model, monkeypatch, capsys):
+    s = chat.Chat(model, GREEDY, capacity=128)
+    monkeypatch.setattr(chat.kernels, 'available_memory', lambda: 1 << 20)
+    with pytest.raises(MemoryBudgetError, match=r"this turn's prefill of \d+ tokens needs about"):
+        list(s.turn("What is the capital of France?"))
+    assert s.cache.length == 0 and s.messages == [] and s.ids == []
+    err = io.StringIO()
+    assert chat._answer(s, "What is the capital of France?", io.StringIO(), err)   # goes on
+    assert _lines(err.getvalue())[0].startswith("gradus chat: this turn's prefill of "), err
 
 
 @needs_model

@@ -11,6 +11,7 @@ from gradus.core.pytree import tree_map
 from gradus.lm.decode import KVCache, Event, generate, decode_parity, cached_step
 from gradus.lm.sampling import GenerationConfig, sample
 from gradus.lm import models
+from gradus.core import kernels
 from gradus.lm.sampling import (
     STOP_REASONS,
     apply_penalties,
@@ -39,7 +40,7 @@ def filled(n_layers=2, capacity=6, length=0, **kw):
 @pytest.mark.parametrize(
     'args, kw, msg',
     [
-        ((0, 4, 2, 3), {}, 'n_layers'),
+        ((-1, 4, 2, 3), {}, 'n_layers'),
         ((2, 0, 2, 3), {}, 'capacity'),
         ((2, 4, True, 3), {}, 'n_kv_heads'),
         ((2, 4, 2, 2.0), {}, 'head_dim'),
@@ -628,6 +629,36 @@ def test_stop_strings_need_tokenizer_and_config_type():
         generate(scripted([1]), [1], dict(temperature=0))
 
 
+def test_blas_threads_follow_the_work_of_each_step():
+    "A short prefill and every decode step run on one BLAS thread, a long prefill on threads()."
+    seen = []
+
+    def step(tokens, pos):
+        seen.append((len(tokens), kernels.blas_threads()))
+        return np.zeros((len(tokens), 4))
+
+    widths = (576, 1536)  # SmolLM2's dim and ffn_dim
+    long = -(-kernels.SMALL_PRODUCT // (576 * 1536))  # the fewest tokens at the threshold
+    cfg = GenerationConfig(temperature=0, max_new_tokens=3)
+    before = kernels.blas_threads()
+    try:
+        kernels.set_threads(2)
+        list(generate(step, [1] * 5, cfg, widths=widths))
+        list(generate(step, [1] * long, cfg, widths=widths))
+        list(generate(step, [1] * long, cfg))  # widths unknown: one thread throughout
+        decode_steps = [(1, 1), (1, 1)]
+        assert seen == [(5, 1), *decode_steps, (long, 2), *decode_steps, (long, 1), *decode_steps]
+        assert kernels.blas_threads() == 2  # given back after every step
+    finally:
+        kernels.set_threads(before)
+
+
+@pytest.mark.parametrize('widths', [(576,), (0, 1536), (576.0, 1536), 576, 'ab', (True, 2)])
+def test_bad_widths(widths):
+    with pytest.raises(ValueError, match=r'generate: widths must be None or \(d_in, d_out\)'):
+        generate(scripted([1]), [1], GenerationConfig(), widths=widths)
+
+
 def test_iterates_once_and_is_reproducible():
     step = lambda t, p: np.tile(np.linspace(0, 1, 20), (len(t), 1))
     a = generate(step, [1], GenerationConfig(seed=3, max_new_tokens=30))
@@ -807,3 +838,12 @@ def test_attend_mask_and_hook_layout():
         hook(0, rows(1)[None, :, None].repeat(2, 0), rows(1)[None, :, None].repeat(2, 0))
     k5, v5, m5 = hook(0, rows(1)[None, :, None], rows(1)[None, :, None])
     assert k5.shape == (1, 2, 1, 3, 3) and m5.tolist() == [[True, True, True]]
+
+
+def test_greedy_needs_no_key():
+    z = np.array([0.0, 2.0, 2.0, 1.0])
+    assert sample(z, None, GenerationConfig(temperature=0)) == 1
+    with pytest.raises(TypeError, match='key'):
+        sample(z, None, GenerationConfig(temperature=0.7))
+    with pytest.raises(TypeError, match='key'):
+        sample(z, 7, GenerationConfig(temperature=0))

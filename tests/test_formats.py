@@ -610,3 +610,46 @@ def test_manifest_smollm2(smollm2):
     out = buf.getvalue()
     assert ('architecture  llama' in out and '(49152, 576)' in out
             and '49152 tokens, 48900 merges' in out)
+
+
+# ---------- issue 25: headers that passed and then failed; inspect on hostile files ----------
+def test_safetensors_zero_size_huge_shape_and_long_integers(tmp_path):
+    "Refused in the header, naming the tensor, never numpy's or json's ValueError at load."
+    p = forge(tmp_path, {'w': _f32([0, 2**63], [0, 0])})
+    with pytest.raises(FormatError, match="tensor 'w': .*no numpy array"):
+        st.read_safetensors_header(p)
+    for field in (b'"shape":[' + b'9' * 5000 + b'],"data_offsets":[0,0]',
+                  b'"shape":[1],"data_offsets":[0,' + b'9' * 5000 + b']'):
+        p = forge(tmp_path, None, bytes(4), raw=b'{"w":{"dtype":"F32",' + field + b'}}')
+        with pytest.raises(FormatError, match="tensor 'w': .*<5000-digit integer>"):
+            st.load_safetensors(p)
+        r = run_cli('inspect', str(p))
+        assert r.returncode == 1 and r.stdout == '' and r.stderr.count('\n') == 1, r.stderr
+        assert 'FormatError' in r.stderr and 'Traceback' not in r.stderr
+    assert st.load_safetensors(forge(tmp_path, {'w': _f32([0, 2**60], [0, 0])}))['w'].shape == (
+        0, 2**60)                                  # 2**62 bytes, were it not for the zero
+
+
+def test_cli_inspect_hostile_gguf_metadata(tmp_path):
+    "`tokens` as a UINT32 and a name that carries terminal escapes: printed, escaped."
+    blob, _ = _tiny(kvs=[B.kv_str('general.architecture', 'toy'),
+                         B.kv_str('general.name', '\x1b[2J\x1b]0;owned\x07\u202etxt'),
+                         B.kv_u32('tokenizer.ggml.tokens', 7), B.kv_u32('tokenizer.ggml.merges', 1),
+                         B.kv_str('\x1b[31mkey', 'v\r')])
+    p = tmp_path / 'hostile.gguf'; p.write_bytes(blob)
+    r = run_cli('inspect', str(p))
+    assert r.returncode == 0, r.stderr
+    assert all(line.isprintable() for line in r.stdout.splitlines())
+    assert 'name          \\x1b[2J\\x1b]0;owned\\x07\\u202etxt' in r.stdout
+    assert 'tokens UINT32 7, merges UINT32 1' in r.stdout and "\\x1b[31mkey" in r.stdout
+
+
+def test_gguf_raw_refuses_rows_outside_the_tensor(tmp_path):
+    "rows=(-2, 0) used to return the bytes before the tensor: those of the tensor before it."
+    blob, _ = _tiny()
+    p = tmp_path / 'r.gguf'; p.write_bytes(blob)
+    g = G.open_gguf(p)
+    assert g.raw('n').shape == (1, 256) and g.raw('w', (1, 2)).shape == (1, 68)
+    for rows in ((-2, 0), (0, 3), (2, 1), (0.5, 1), (True, 1)):
+        with pytest.raises(ShapeError, match=r"tensor 'n': rows .* <= 1"): g.raw('n', rows)
+    with pytest.raises(ShapeError, match="'n' has shape"): g.matvec('n', np.ones(64, np.float32))

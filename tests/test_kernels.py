@@ -1,6 +1,9 @@
 """The hand-written kernels (nn's row norm, attention's causal softmax) against their plain
 references; their derivatives against central differences; the thread helpers of
 gradus.core.kernels; and a 50-step training run with and without the kernels."""
+import os
+import subprocess
+import sys
 import time
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ from gradus.learn import nn, optim, random as R, loss as L
 from gradus.transformer import gpt
 from gradus.transformer import attention as A
 from gradus.transformer import causal_softmax as CS
+from gradus.errors import ShapeError
 
 rng = np.random.default_rng(0)
 
@@ -168,6 +172,57 @@ def test_one_blas_thread_and_threads():
         assert kernels.threads() == 1
     finally:
         kernels.set_threads(before)
+
+
+def test_blas_threads_for_chooses_by_size_and_restores():
+    before = kernels.blas_threads()
+    small = (1, 576, 1536)  # one token through SmolLM2's MLP: far below the threshold
+    rows = -(-kernels.SMALL_PRODUCT // (576 * 1536))  # the fewest rows at or above it
+    try:
+        kernels.set_threads(2)
+        with kernels.blas_threads_for(*small):
+            assert kernels.blas_threads() == 1
+        assert kernels.blas_threads() == 2
+        with kernels.blas_threads_for(rows - 1, 576, 1536):
+            assert kernels.blas_threads() == 1
+        with kernels.blas_threads_for(rows, 576, 1536):
+            assert kernels.blas_threads() == 2
+        with kernels.one_blas_thread():  # restores what was in force, not threads()
+            with kernels.blas_threads_for(rows, 576, 1536):
+                assert kernels.blas_threads() == 2
+            assert kernels.blas_threads() == 1
+        with pytest.raises(RuntimeError):  # restored on the way out of an error too
+            with kernels.blas_threads_for(*small):
+                raise RuntimeError
+        assert kernels.blas_threads() == 2
+        kernels.set_threads(1)
+        with kernels.blas_threads_for(rows, 576, 1536):
+            assert kernels.blas_threads() == 1  # large: threads(), whatever it is
+    finally:
+        kernels.set_threads(before)
+
+
+@pytest.mark.parametrize('bad', [-1, 2.0, None, True, '3'])
+def test_blas_threads_for_refuses_bad_sizes(bad):
+    with pytest.raises(ShapeError, match=f'blas_threads_for: inner .*{bad!r}'):
+        with kernels.blas_threads_for(1, bad, 3):
+            pass
+
+
+def test_blas_threads_for_ignores_the_environment():
+    "OPENBLAS_NUM_THREADS=1 at start-up does not keep a large product from threads()."
+    code = (
+        'from gradus.core import kernels as k; print(k.threads(), k.blas_threads())\n'
+        'with k.blas_threads_for(4096, 4096, 4096): print(k.blas_threads())\n'
+        'with k.blas_threads_for(1, 64, 64): print(k.blas_threads())\n'
+        'print(k.blas_threads())'
+    )
+    env = {**os.environ, 'OPENBLAS_NUM_THREADS': '1'}
+    out = subprocess.run(
+        [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True
+    )
+    n, start, large, small, after = out.stdout.split()
+    assert (start, large, small, after) == ('1', n, '1', '1')  # threads(): the CPUs, not the env
 
 
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])

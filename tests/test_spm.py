@@ -266,3 +266,42 @@ def test_from_gguf_dispatch_and_errors():
         tokenizer.from_gguf(_File(model='bert', tokens=['a']))
     with pytest.raises(TokenizerError, match="lacks 'tokenizer.ggml.scores'"):
         tokenizer.from_gguf(_File(model='llama', tokens=['a']))
+
+# ---------- hostile vocabularies: long and nested special tokens, deep merge trees ----------
+def test_long_control_token_needs_no_recursion():
+    "A 2,000-character CONTROL token (once a RecursionError) is cut out like any other."
+    toks = ['<unk>', 'x' * 2000, 'a', 'b', 'x']
+    tok = SentencePieceBPE(toks, [0.0] * 5, [UNKNOWN, CONTROL, NORMAL, NORMAL, NORMAL], unk_id=0)
+    assert tok.encode('a' + 'x' * 2000 + 'b', parse_special=True) == [2, 1, 3]
+    assert tok.encode('a' + 'x' * 1999, parse_special=True) == [2] + [4] * 1999
+
+def test_deeply_nested_special_tokens_are_refused():
+    "A chain of prefixes deeper than SPECIAL_CAPS allows: a TokenizerError, not a RecursionError."
+    from gradus.formats.spm import SPECIAL_CAPS
+    k = SPECIAL_CAPS['max_nesting']
+    ok = ['<' * i for i in range(1, k + 2)]                 # nests exactly max_nesting deep
+    assert [m.group() for m in _alternation(ok).finditer('<' * (k + 3))] == ['<' * (k + 1), '<<']
+    with pytest.raises(TokenizerError, match='nest 299 groups deep'):
+        _alternation(['<' * i for i in range(1, 301)])
+    assert _alternation(['', '']) is None                   # empty texts never match
+
+def test_resegment_deep_merge_tree():
+    "An unused piece made of a 3,000-deep chain of unused merges splits back without recursion."
+    from gradus.formats.spm import _resegment
+    n = 3000
+    made_of = {'a' * i: ('a' * (i - 1), 'a') for i in range(2, n + 1)}
+    assert _resegment('a' * n, made_of, set(made_of)) == ['a'] * n
+    assert _resegment('a' * n, made_of, {'a' * n}) == ['a' * (n - 1), 'a']
+
+@pytest.mark.parametrize('args, words', [
+    ((['a', 7], [0.0, 0.0]), r'tokens\[1\] is int'),
+    ((['a', 'b'], [0.0, 0.0], [1]), '2 tokens but 1 token_types'),
+    ((['a', 'b'], [0.0, 0.0], [1, 7]), r'token_types\[1\] = 7'),
+    ((['a', 'b'], [0.0, float('nan')]), 'score of token 1 is NaN'),
+    ((['a', 'b'], ['x', 'y']), 'scores must be a list of numbers'),
+    ((['a', 'b'], [0.0, 0.0], None, 2), 'bos_id 2 is out of range'),
+    ((['a', 'b'], [0.0, 0.0], None, None, -1), 'eos_id -1 is out of range'),
+    ((['a', 'b'], [0.0, 0.0], None, None, None, True), 'unk_id must be an integer'),
+    (([], []), 'tokens is empty')])
+def test_malformed_vocabulary_arguments_raise(args, words):
+    with pytest.raises(TokenizerError, match=words): SentencePieceBPE(*args)

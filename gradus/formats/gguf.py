@@ -15,7 +15,7 @@ from enum import IntEnum
 from pathlib import Path
 import numpy as np
 from .safetensors import read_safetensors_header
-from ..errors import FormatError
+from ..errors import FormatError, ShapeError
 from .quants import (GGMLType, BLOCK, DEQUANT_REF, dequantize, matvec_exact,
                            ggml_type, unsupported_type_error)
 
@@ -141,10 +141,11 @@ def _read_kvs(cur, n_kv, caps):
 
 def _alignment(metadata, kv_types):
     "`general.alignment` (default 32): a UINT32 power of two."
-    a = metadata.get('general.alignment', 32)
-    typed = kv_types.get('general.alignment', 'UINT32') == 'UINT32'
-    if not typed or not (0 < a <= 1 << 20) or a & (a - 1):
-        raise FormatError(f"general.alignment {a!r} must be a UINT32 power of two")
+    a, ty = metadata.get('general.alignment', 32), kv_types.get('general.alignment', 'UINT32')
+    if ty != 'UINT32':
+        raise FormatError(f"general.alignment is a {ty}; it must be a UINT32 power of two")
+    if not (0 < a <= 1 << 20) or a & (a - 1):
+        raise FormatError(f"general.alignment {a} must be a UINT32 power of two")
     return a
 
 def _read_tensor_infos(cur, n_tensors, caps):
@@ -223,12 +224,26 @@ class _TensorReads:
                               f"offset {start}")
         return np.frombuffer(b, np.uint8)
 
+    def _rows(self, name, rows):
+        "`rows` as ints `(start, stop)` with `0 <= start <= stop <= n_rows`, else `ShapeError`."
+        t = self._info(name)
+        n = t.n_elements // t.shape[-1]
+        if rows is None: return 0, n
+        ints = (isinstance(rows, (tuple, list)) and len(rows) == 2 and
+                all(isinstance(r, (int, np.integer)) and not isinstance(r, (bool, np.bool_))
+                    for r in rows))
+        if not ints or not 0 <= rows[0] <= rows[1] <= n:
+            raise ShapeError(f"tensor {name!r}: rows {rows!r} is not a range (start, stop) with "
+                             f"0 <= start <= stop <= {n}")
+        return int(rows[0]), int(rows[1])
+
     def raw(self, name, rows=None):
         """The stored bytes of tensor `name` as uint8 `(n_rows, row_bytes)` (rows of the last axis),
         optionally only `rows=(start, stop)`. One read, capped at `max_read`. Works for every type
-        ggml defines, decodable by gradus or not."""
+        ggml defines, decodable by gradus or not. Raises `ShapeError` naming the tensor for rows
+        that are not ints `0 <= start <= stop <= n_rows`."""
         t = self._info(name)
-        r0, r1 = rows or (0, t.n_elements // t.shape[-1])
+        r0, r1 = self._rows(name, rows)
         b = self._read(t.offset + r0 * t.row_bytes, (r1 - r0) * t.row_bytes, f"tensor {name!r}")
         return b.reshape(r1 - r0, t.row_bytes)
 
@@ -255,10 +270,10 @@ class _TensorReads:
 
     def matvec(self, name, x) -> np.ndarray:
         """`W @ x` for the 2-D tensor `name` (n_out, n_in) and float32 `x` (n_in,), using
-        `quants.matvec_exact` on the stored blocks."""
+        `quants.matvec_exact` on the stored blocks; `ShapeError` for a tensor that is not 2-D."""
         t = self._info(name)
         if len(t.shape) != 2:
-            raise ValueError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
+            raise ShapeError(f"tensor {name!r} has shape {t.shape}; matvec needs a matrix")
         return np.concatenate([matvec_exact(self.raw(name, (r0, r1)), t.type, x)
                                for r0, r1 in self._row_chunks(name)])
 
@@ -350,15 +365,33 @@ def _short(v, kv_type=''):
     s = repr(v)
     return s if len(s) <= 60 else s[:57] + '...'
 
+def _text(v, kv_type=''):
+    "A STRING value as it reads (at most 60 characters), any other value as `_short` shows it."
+    if not isinstance(v, str): return _short(v, kv_type)
+    return v if len(v) <= 60 else v[:57] + '...'
+
+def _count(v, what, kv_type):
+    "`'49152 tokens'` for an array, else what the key holds instead (`tokens UINT32 7`)."
+    if isinstance(v, (np.ndarray, list)): return f"{len(v)} {what}"
+    return f"{what} {kv_type} {_short(v)}"
+
+def _printable(line):
+    "`line` with every character a terminal acts on (ESC, CR, BiDi controls …) written escaped."
+    if line.isprintable(): return line
+    return ''.join(c if c.isprintable() else c.encode('unicode_escape').decode('ascii')
+                   for c in line)
+
 # %% ../../nbs/formats/19_gguf.ipynb #c5d7a6e1
 def _tokenizer_lines(g):
     tk = {k: v for k, v in g.metadata.items() if k.startswith('tokenizer.')}
     if not tk: return []
-    model, pre = tk.get('tokenizer.ggml.model', '?'), tk.get('tokenizer.ggml.pre', '-')
-    n_tok = len(tk.get('tokenizer.ggml.tokens', []))
-    n_merge = len(tk.get('tokenizer.ggml.merges', []))
+    ty = lambda k: g.kv_types.get(k, '')
+    model, pre = (_text(tk.get(k, d), ty(k)) for k, d in (('tokenizer.ggml.model', '?'),
+                                                           ('tokenizer.ggml.pre', '-')))
+    n_tok, n_merge = (_count(tk.get(f'tokenizer.ggml.{w}', []), w, ty(f'tokenizer.ggml.{w}'))
+                      for w in ('tokens', 'merges'))
     chat = ", chat template" if 'tokenizer.chat_template' in tk else ''
-    return ([f"tokenizer     {model} (pre: {pre}), {n_tok} tokens, {n_merge} merges{chat}"]
+    return ([f"tokenizer     {model} (pre: {pre}), {n_tok}, {n_merge}{chat}"]
             + [f"  {k:40} {_short(v, g.kv_types[k])}" for k, v in tk.items()
                if k.endswith('_id') or k.startswith('tokenizer.ggml.add')])
 
@@ -377,14 +410,16 @@ def _tensor_lines(g):
 def _gguf_lines(path, caps):
     g = open_gguf(path, **caps)
     a = g.architecture or ''
+    name = _text(g.metadata.get('general.name', '-'), g.kv_types.get('general.name', ''))
     lines = [f"file          {path.name}  ({_human(g.file_size)})",
              f"format        GGUF v{g.version}, alignment {g.alignment}",
              f"architecture  {g.architecture}",
-             f"name          {g.metadata.get('general.name', '-')}", "hyperparameters:"]
-    lines += [f"  {k:40} {g.kv_types[a + '.' + k]:8} {_short(v)}"
+             f"name          {name}", "hyperparameters:"]
+    lines += [f"  {k:40} {g.kv_types[a + '.' + k]:8} {_short(v, g.kv_types[a + '.' + k])}"
               for k, v in g.hyperparameters.items()]
     lines += _tokenizer_lines(g)
-    other = [k for k in g.metadata if not k.startswith(('tokenizer.', a + '.'))]
+    shown = ('tokenizer.', a + '.') if a else 'tokenizer.'   # no architecture: no hyperparameters
+    other = [k for k in g.metadata if not k.startswith(shown)]
     lines += ["other metadata:"] + [f"  {k:40} {_short(g.metadata[k], g.kv_types[k])}"
                                     for k in other]
     caps_line = "caps          " + ', '.join(f"{k}={v}" for k, v in g.caps.items())
@@ -405,12 +440,13 @@ def _safetensors_lines(path, magic):
 
 def manifest(path, **caps) -> str:
     """A human-readable manifest of a GGUF (by magic) or safetensors file: header facts, typed
-    metadata, tensor table. GGUF files are admitted with `open_gguf(path, **caps)`. Raises
-    `FormatError` for an invalid file."""
+    metadata (of any value type), tensor table; every character a terminal acts on is escaped.
+    GGUF files are admitted with `open_gguf(path, **caps)`. Raises `FormatError` for an invalid
+    file."""
     path = Path(path)
     with open(path, 'rb') as f: magic = f.read(4)
     lines = _gguf_lines(path, caps) if magic == b'GGUF' else _safetensors_lines(path, magic)
-    return '\n'.join(lines)
+    return '\n'.join(_printable(line) for line in lines)
 
 def inspect(path, file=None, **caps):
     "Print `manifest(path, **caps)` to `file` (default stdout); the body of `gradus inspect FILE`."

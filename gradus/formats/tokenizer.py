@@ -7,18 +7,23 @@ SentencePiece BPE (`gradus.formats.spm`)."""
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT', 'DIGITS_SPLIT', 'LLAMA3_SPLIT', 'QWEN2_SPLIT', 'PRE_TOKENIZERS', 'TEMPLATE_CAPS', 'CharTokenizer',
-           'byte_to_unicode', 'pre_tokenize', 'bpe_merge', 'parse_merges', 'BPETokenizer', 'render_chat_template',
-           'SPMTokenizer', 'from_gguf']
+           'byte_to_unicode', 'pre_tokenize', 'bpe_merge_simple', 'parse_merges', 'bpe_merge', 'BPETokenizer',
+           'render_chat_template', 'SPMTokenizer', 'from_gguf']
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #5ce41fb8
-import sys
-from functools import lru_cache, wraps
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import heapq, re, sys, time, types
+from functools import lru_cache, update_wrapper, wraps
+from jinja2.runtime import markup_join, str_join
+from jinja2.sandbox import (ImmutableSandboxedEnvironment, SandboxedEscapeFormatter,
+                            SandboxedFormatter)
+from jinja2.utils import Namespace, generate_lorem_ipsum
+from markupsafe import Markup
 import numpy as np
 import regex
 from ..errors import TokenizerError
 from .spm import (CONTROL, USER_DEFINED, StreamDecoder, SentencePieceBPE,
-                                special_tables, cut_special, end_of_generation_ids)
+                                special_tables, cut_special, end_of_generation_ids,
+                                check_token_id, check_vocabulary)
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #7f52ce68
 class CharTokenizer:
@@ -98,28 +103,65 @@ def pre_tokenize(text, exprs) -> list:
     return pieces
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #acee4887
-def bpe_merge(symbols, ranks) -> list:
+def bpe_merge_simple(symbols, ranks, stats=None) -> list:
     """Apply BPE merges to `symbols` (list of str): repeatedly join the adjacent pair with the
-    lowest rank in `ranks` (`{(a, b): rank}`), leftmost on ties, until no adjacent pair has one."""
-    syms = list(symbols)
+    lowest rank in `ranks` (`{(a, b): rank}`), leftmost on ties, until no adjacent pair has one.
+    Every merge scans all pairs: O(n²) for n symbols. `stats`, a dict if given, gets 'lookups'
+    (pairs looked up). The definition; `bpe_merge` computes the same in O(n log n)."""
+    syms, lookups = list(symbols), 0
     while len(syms) > 1:
         best, at = None, -1
         for i in range(len(syms) - 1):
             r = ranks.get((syms[i], syms[i + 1]))
             if r is not None and (best is None or r < best): best, at = r, i
+        lookups += len(syms) - 1
         if best is None: break
         syms[at:at + 2] = [syms[at] + syms[at + 1]]
+    if stats is not None: stats['lookups'] = stats.get('lookups', 0) + lookups
     return syms
 
-def parse_merges(merges) -> dict:
-    "`{(a, b): rank}` from GGUF merge strings `'a b'` (rank = position; the first duplicate wins)."
+def parse_merges(merges, vocab=None, what='merges') -> dict:
+    """`{(a, b): rank}` from GGUF merge strings `'a b'` (rank = position; the first duplicate wins).
+    With `vocab` (`{text: id}`), both symbols and their join must be tokens. Raises
+    `TokenizerError` naming `what` (a parameter or GGUF key) and the offending merge."""
+    if not isinstance(merges, (list, tuple)):
+        raise TokenizerError(f"{what} must be a list of strings, not {type(merges).__name__}")
     ranks = {}
     for r, m in enumerate(merges):
-        parts = m.split(' ')
+        parts = m.split(' ') if isinstance(m, str) else ()
         if len(parts) != 2:
-            raise TokenizerError(f"merge #{r} {m!r} is not two symbols separated by one space")
+            raise TokenizerError(f"{what}[{r}] {m!r:.60} is not two symbols separated by one "
+                                 f"space")
+        if vocab is not None and not (parts[0] in vocab and parts[1] in vocab
+                                      and parts[0] + parts[1] in vocab):
+            raise TokenizerError(f"{what}[{r}] {m!r:.60}: a symbol or their join is not a token")
         ranks.setdefault(tuple(parts), r)
     return ranks
+
+# %% ../../nbs/formats/21_tokenizer.ipynb #bpe-heap
+def bpe_merge(symbols, ranks, stats=None) -> list:
+    """`bpe_merge_simple(symbols, ranks)` in O(n log n): a heap of `(rank, position)` of the ranked
+    adjacent pairs over a linked list of symbols; stale entries are skipped when popped. `stats`,
+    a dict if given, gets 'pushes' and 'pops' (each at most 3n for n symbols)."""
+    syms = list(symbols)
+    nxt, prv = [*range(1, len(syms)), -1], list(range(-1, len(syms) - 1))
+    heap = [(r, i) for i in range(len(syms) - 1)
+            if (r := ranks.get((syms[i], syms[i + 1]))) is not None]
+    heapq.heapify(heap)
+    pushes, pops = len(heap), 0
+    while heap:
+        r, a = heapq.heappop(heap); pops += 1
+        b = nxt[a]
+        if syms[a] is None or b < 0 or ranks.get((syms[a], syms[b])) != r: continue   # stale
+        syms[a], syms[b], nxt[a] = syms[a] + syms[b], None, nxt[b]
+        if nxt[a] >= 0: prv[nxt[a]] = a
+        for left, right in ((prv[a], a), (a, nxt[a])):     # the two pairs the merge made
+            if left >= 0 and right >= 0 and (k := ranks.get((syms[left], syms[right]))) is not None:
+                heapq.heappush(heap, (k, left)); pushes += 1
+    if stats is not None:
+        stats['pushes'] = stats.get('pushes', 0) + pushes
+        stats['pops'] = stats.get('pops', 0) + pops
+    return [s for s in syms if s is not None]
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #83541384
 class _ByteDecoding:
@@ -158,22 +200,24 @@ class _ChatTemplate:
 # %% ../../nbs/formats/21_tokenizer.ipynb #efeb6bb3
 class BPETokenizer(_ByteDecoding, _ChatTemplate):
     """Byte-level BPE (GPT-2 family). `tokens`: vocabulary in byte-to-unicode form (id = position);
-    `merges`: "a b" strings (rank = position); `token_types`: GGUF types (default NORMAL); `pre`: a
-    key of `PRE_TOKENIZERS`; special ids; `chat_template`: jinja2 source or None. Raises
-    `TokenizerError` for a malformed merge or an unknown pre-tokenizer."""
+    `merges`: "a b" strings (rank = position) whose symbols and join are tokens; `token_types`:
+    GGUF types (default NORMAL); `pre`: a key of `PRE_TOKENIZERS`; special ids (None, or in range);
+    `chat_template`: jinja2 source or None. Raises `TokenizerError` for any malformed argument
+    (`check_vocabulary`, `parse_merges`, `check_token_id`) or an unknown pre-tokenizer."""
     def __init__(self, tokens, merges, token_types=None, pre='gpt2', bos_id=None, eos_id=None,
-                 eog_ids=(), chat_template=None, add_bos=False):
-        self.tokens = list(tokens)
+                 eog_ids=(), chat_template=None, add_bos=False, pad_id=None):
+        self.tokens, self.token_types = check_vocabulary(tokens, token_types)
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
-        self.token_types = np.asarray(np.ones(len(self.tokens)) if token_types is None
-                                      else token_types, np.int32)
-        if pre not in PRE_TOKENIZERS:
-            raise TokenizerError(f"pre-tokenizer {pre!r} is not supported; "
+        if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
+            raise TokenizerError(f"pre-tokenizer {pre!r:.60} is not supported; "
                                  f"known: {sorted(PRE_TOKENIZERS)}")
         self.pre, self.exprs = pre, [regex.compile(e) for e in PRE_TOKENIZERS[pre]]
-        self.ranks = parse_merges(merges)
-        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
-        self.chat_template = chat_template
+        self.ranks = parse_merges(merges, self.vocab)
+        n = len(self.tokens)
+        self.bos_id, self.eos_id, self.pad_id = (check_token_id(w, i, n) for w, i in (
+            ('bos_id', bos_id), ('eos_id', eos_id), ('pad_id', pad_id)))
+        eog_ids = [check_token_id('eog_ids', i, n) for i in eog_ids]
+        self.add_bos, self.chat_template = bool(add_bos), chat_template
         self._special, self._split_all, self._split_user = special_tables(self.tokens,
                                                                            self.token_types)
         self.eog_ids = end_of_generation_ids(self._special, self.token_types, eog_ids,
@@ -185,14 +229,14 @@ class BPETokenizer(_ByteDecoding, _ChatTemplate):
     def vocab_size(self): return len(self.tokens)
 
     def _bpe(self, piece) -> list:
-        "Ids of one pre-token: UTF-8 bytes -> printable symbols -> merges."
+        "Ids of one pre-token: UTF-8 bytes -> printable symbols -> merges (cached if short)."
         if piece in self._cache: return self._cache[piece]
         syms = bpe_merge([byte_to_unicode()[b] for b in piece.encode('utf-8')], self.ranks)
         try: ids = [self.vocab[s] for s in syms]
         except KeyError as e:
-            raise TokenizerError(f"symbol {e.args[0]!r} of {piece!r} is not in the "
+            raise TokenizerError(f"symbol {e.args[0]!r} of {piece!r:.60} is not in the "
                                  f"vocabulary") from None
-        if len(self._cache) < 200_000: self._cache[piece] = ids
+        if len(piece) <= 64 and len(self._cache) < 200_000: self._cache[piece] = ids
         return ids
 
     def encode(self, text, parse_special=False, add_bos=False) -> list:
@@ -214,132 +258,362 @@ class BPETokenizer(_ByteDecoding, _ChatTemplate):
 TEMPLATE_CAPS = dict(
     max_output=1 << 22,     # characters of rendered text, and the size of any value built
     max_steps=100_000,      # lines of template code run: loop iterations, macro calls, ...
+    max_work=2_000_000,     # work of all code run: Python lines and calls (filters, generator
+                            # steps, jinja2 itself), items measured, 256 characters built
+    max_seconds=10.0,       # wall-clock deadline, read as the work is counted
 )
 
 class _OverBudget(BaseException):
     """A template ran out of budget. A `BaseException`, so that no `except Exception` inside jinja2
     or a filter swallows it; `render_chat_template` turns it into `TokenizerError`."""
 
-def _size(v, deep=False) -> int:
+def _measure(v, deep=False, limit=None) -> tuple:
+    "`(size, items visited)`: see `_size`."
+    total, visits, stack = 0, 0, [v]
+    while stack:
+        x = stack.pop(); visits += 1
+        if isinstance(x, (str, bytes)): total += len(x)
+        elif isinstance(x, bool) or x is None: pass
+        elif isinstance(x, int): total += x.bit_length() // 8
+        elif isinstance(x, float): total += 8
+        elif isinstance(x, (list, tuple, dict, Namespace)):
+            if isinstance(x, Namespace): x = object.__getattribute__(x, '_Namespace__attrs')
+            total += 8 * len(x)
+            if deep: stack += (*x.keys(), *x.values()) if isinstance(x, dict) else x
+        if limit is not None and total > limit: break
+    return total, visits
+
+def _size(v, deep=False, limit=None) -> int:
     """The size of a value a template built, roughly in bytes: characters of a string, 8 per item of
-    a container (a pointer), bytes of an int. With `deep`, containers also count the sizes of their
-    items (one level down)."""
-    if isinstance(v, (str, bytes)): return len(v)
-    if isinstance(v, bool): return 0
-    if isinstance(v, int): return v.bit_length() // 8
-    if isinstance(v, (list, tuple, dict)):
-        items = v.values() if isinstance(v, dict) else v
-        return 8 * len(v) + (sum(_size(x) for x in items) if deep else 0)
-    return 0
+    a container (a pointer), bytes of an int, 8 for a float. With `deep`, containers also count
+    their items, all the way down and each reference again (a list holding one long string twice
+    counts it twice, as printing it writes it twice). Counting stops once past `limit`. A stack,
+    not recursion: nesting of any depth is safe."""
+    return _measure(v, deep, limit)[0]
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #724fd28d
-class _Budget:
-    """One rendering's budget, enforced through `sys.settrace` while it is entered: lines run in
-    template code count as steps; every value a Python function returns is size-checked."""
-    def __init__(self, caps): self.caps, self.steps = caps, 0
+_JOINS = (str_join.__code__, markup_join.__code__)   # the `~` operator: str() of each operand
+_MAX_DEPTH = 200      # calls nested while rendering (a recursive macro), well inside Python's limit
 
-    def check(self, v, what):
-        "Return `v`, or raise `_OverBudget` if it is larger than `max_output`."
-        n = _size(v)
-        if n > self.caps['max_output']:
-            raise _OverBudget(f"{what} of size {n} exceeds max_output={self.caps['max_output']}")
+class _Budget:
+    """One rendering's budget, enforced through `sys.settrace` while it is entered: every event (a
+    line or a call, generator steps included, of any Python code) is a unit of work, a line of
+    template code also a step, and the clock is read every 256 units against the deadline
+    `max_seconds`; calls may nest `_MAX_DEPTH` deep; every value a Python function returns is
+    size-checked (shallowly: values are measured in depth where they turn into text). `clock`: a
+    function returning seconds."""
+    def __init__(self, caps, clock=time.monotonic):
+        self.caps, self.clock, self.steps, self.work, self.depth = caps, clock, 0, 0, 0
+        self.deadline, self._next_clock = None, 0
+
+    def charge(self, units, what='the template'):
+        "Count `units` of work; raise `_OverBudget` past `max_work` or past the deadline."
+        self.work += units
+        if self.work > self.caps['max_work']:
+            raise _OverBudget(f"{what} went past max_work={self.caps['max_work']} units of work")
+        if self.work >= self._next_clock:
+            self._next_clock = self.work + 256
+            if self.deadline is not None and self.clock() > self.deadline:
+                raise _OverBudget(f"{what} went past the deadline of max_seconds="
+                                  f"{self.caps['max_seconds']}")
+
+    def check(self, v, what, deep=False):
+        """Return `v`, or raise `_OverBudget` if it is larger than `max_output` (`deep`: with all it
+        holds, each item visited a unit of work)."""
+        cap = self.caps['max_output']
+        n, visits = _measure(v, deep, cap)
+        if visits > 1: self.charge(visits, what)
+        if n > cap: raise _OverBudget(f"{what} of size {n} exceeds max_output={cap}")
         return v
 
+    def bound(self, n, what):
+        """Before building: raise `_OverBudget` if `n`, the size an operation would build, exceeds
+        `max_output`; else charge the copying (a unit per 256)."""
+        if n > self.caps['max_output']:
+            raise _OverBudget(f"{what} would build {n}, which exceeds "
+                              f"max_output={self.caps['max_output']}")
+        self.charge(n >> 8, what)
+
     def _trace(self, frame, event, arg):
-        if event == 'line' and frame.f_code.co_filename == '<template>':
-            self.steps += 1
-            if self.steps > self.caps['max_steps']:
-                raise _OverBudget(f"the template ran more than "
-                                  f"max_steps={self.caps['max_steps']} steps")
-        elif event == 'return': self.check(arg, 'a value')
+        self.work += 1
+        if self.work >= self._next_clock: self.charge(0)
+        if event == 'line':
+            if frame.f_code.co_filename == '<template>':
+                self.steps += 1
+                if self.steps > self.caps['max_steps']:
+                    raise _OverBudget(f"the template ran more than "
+                                      f"max_steps={self.caps['max_steps']} steps")
+        elif event == 'return':
+            self.depth -= 1; self.check(arg, 'a value')
+        elif event == 'call':
+            self.depth += 1
+            if self.depth > _MAX_DEPTH:
+                raise _OverBudget(f"calls nested more than {_MAX_DEPTH} deep (a recursive macro?)")
+            if frame.f_code in _JOINS:
+                self.check(frame.f_locals.get('seq'), "the operands of '~'", deep=True)
         return self._trace
 
     def __enter__(self):
+        self.deadline = self.clock() + self.caps['max_seconds']
         self._outer = sys.gettrace(); sys.settrace(self._trace); return self
 
     def __exit__(self, *exc): sys.settrace(self._outer)
 
+# %% ../../nbs/formats/21_tokenizer.ipynb #template-sizes
+def _int(x) -> int:
+    "`x` if it is an int (a bool is not), else 0 (the call itself will then refuse the argument)."
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0
+
+def _text_size(v, limit=1 << 26) -> int:
+    """About the length of `str(v)`, read before building it: exact for a string, ample otherwise
+    (a container is measured up to `limit`; the sandbox measures it against its cap first)."""
+    if isinstance(v, str): return len(v)
+    if isinstance(v, bool) or v is None: return 5
+    if isinstance(v, int): return v.bit_length() * 5 // 16 + 2       # decimal digits and a sign
+    if isinstance(v, float): return 24
+    return 2 * _size(v, deep=True, limit=limit) + 64                # reprs: quotes, commas, ...
+
+def _replace_size(s, old, new, count=-1) -> int:
+    "The most characters `s.replace(old, new, count)` can build, counted before it does."
+    s, old, new = (x if isinstance(x, (str, bytes)) else str(x) for x in (s, old, new))
+    if type(s) is not type(old): return len(s)                        # the call will raise
+    hits = len(s) + 1 if not old else s.count(old)
+    if count is not None and _int(count) >= 0: hits = min(hits, _int(count))
+    return len(s) + hits * max(len(new) - len(old), 0)
+
+def _spec_size(value, spec) -> int:
+    "The most characters `format(value, spec)` builds: width, precision and the value's digits."
+    m = re.fullmatch(r'(?:.?[<>=^])?[-+ ]?z?#?0?(\d*)[,_]?(?:\.(\d*))?[a-zA-Z%]?', spec, re.S)
+    nums = [g for g in m.groups() if g] if m else re.findall(r'\d+', spec)
+    if any(len(g) > 15 for g in nums): return 1 << 62
+    width, prec = (int(m.group(1) or 0), int(m.group(2) or 0)) if m else (sum(map(int, nums)), 0)
+    return max(width, 2 * _text_size(value) + prec + 330 * isinstance(value, float))
+
+def _percent_size(fmt, args) -> int:
+    """The most characters `fmt % args` builds, read from `fmt`'s conversion specifiers as CPython
+    reads them (`%[(key)][flags][width|*][.precision|*][hlL]type`, a `*` taking the next
+    argument), with each value's size: the checks see integers inside tuples and `*` widths."""
+    seq, n, total, i, k = (list(args) if isinstance(args, tuple) else [args]), len(fmt), 0, 0, 0
+    def number():                                   # a width or precision: digits, or '*'
+        nonlocal i, k
+        if i < n and fmt[i] == '*':
+            i, k = i + 1, k + 1
+            return abs(_int(seq[k - 1])) if k <= len(seq) else 0
+        j = i
+        while i < n and '0' <= fmt[i] <= '9': i += 1
+        return int(fmt[j:i] or 0) if i - j <= 15 else 1 << 62
+    while (j := fmt.find('%', i)) >= 0:
+        total, i, value, keyed = total + j - i, j + 1, None, False
+        if i < n and fmt[i] == '(':                 # %(key)s: parentheses may nest
+            depth, j = 1, i + 1
+            while j < n and depth: depth += (fmt[j] == '(') - (fmt[j] == ')'); j += 1
+            keyed, key, i = True, fmt[i + 1:j - 1], j
+            value = args.get(key) if isinstance(args, dict) else None
+        while i < n and fmt[i] in '-+ #0': i += 1
+        width, prec = number(), None
+        if i < n and fmt[i] == '.': i += 1; prec = number()
+        while i < n and fmt[i] in 'hlL': i += 1
+        if i >= n: break                            # incomplete: Python refuses it
+        t, i = fmt[i], i + 1
+        if t != '%' and not keyed: value, k = (seq[k] if k < len(seq) else None), k + 1
+        if t in '%c': size = 1
+        elif t in 'sra': size = min(_text_size(value) * (1 if t == 's' else 10),
+                                    1 << 62 if prec is None else prec)
+        elif t in 'diouxX': size = max(_int(value).bit_length(), 330 * isinstance(value, float),
+                                       prec or 0) + 3
+        else: size = (6 if prec is None else prec) + 330             # e E f F g G
+        total += max(width, size)
+    return total + n - i
+
+def _indented(s, blank) -> int:
+    "How many lines `indent` prefixes: all of them with `blank`, else those not empty."
+    lines = str(s).splitlines()
+    return len(lines) if blank else len(lines) - lines.count('')
+
+_FILTER_SIZES = {   # filter -> its arguments -> the most it builds (counted before it runs)
+    'center': lambda value, width=80: max(_text_size(value), _int(width)),
+    'indent': lambda s, width=4, first=False, blank=False: _text_size(s) + (_indented(s, blank)
+        + 1) * (len(width) if isinstance(width, str) else _int(width)),
+    'replace': lambda s, old, new, count=None: _replace_size(s, old, new, count),
+    'join': lambda value, d='', attribute=None: (sum(_text_size(x) for x in value)
+                                                 + len(value) * _text_size(d)),
+    'format': lambda value, *args, **kwargs: _percent_size(str(value), kwargs or args),
+    'wordwrap': lambda s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True:
+        _text_size(s) + (_text_size(s) + 1) * _text_size(wrapstring or '\n'),
+    'truncate': lambda s, length=255, killwords=False, end='...', leeway=None:
+        _text_size(s) + _text_size(end),
+    'tojson': lambda value, indent=None: (6 * _text_size(value) + 2) * (
+        1 + (len(indent) if isinstance(indent, str) else _int(indent))),
+    'urlize': lambda value, trim_url_limit=None, nofollow=False, target=None, rel=None,
+        extra_schemes=None: 3 * _text_size(value) + (_text_size(value) // 2 + 1) * (
+            _text_size(target) + _text_size(rel) + 64),
+    'xmlattr': lambda d, autospace=True: 7 * _text_size(d) + 16,
+    'urlencode': lambda value: 12 * _text_size(value),
+    'list': lambda value: 8 * len(value) if isinstance(value, (str, list, tuple, dict)) else 0,
+    'batch': lambda value, linecount, fill_with=None: 8 * _int(linecount),
+    'slice': lambda value, slices, fill_with=None: 8 * _int(slices),
+    'sum': lambda iterable, attribute=None, start=0: _sum_size(iterable, start),
+}
+def _sum_size(items, start) -> tuple:
+    "`(size, work)` of `sum(items, start)`: adding lists copies each prefix again (quadratic)."
+    lens = [len(x) for x in (start, *items) if isinstance(x, (list, tuple))]
+    return 8 * sum(lens), len(lens) * sum(lens) // 8
+
+_MATERIALIZED = {'join', 'sum'}       # filters whose first argument is made a list first
+_TEXT_FREE = {'length', 'count', 'first', 'last', 'list', 'map', 'select', 'reject', 'selectattr',
+              'rejectattr', 'sort', 'dictsort', 'unique', 'groupby', 'batch', 'slice', 'reverse',
+              'items', 'attr', 'default', 'd', 'min', 'max', 'sum', 'random', 'abs', 'float',
+              'int', 'round'}         # filters that never turn a container into text
+
+def _pieces(s, sep, maxsplit) -> int:
+    "About how many pieces `s.split(sep, maxsplit)` makes (whitespace counted as spaces, newlines)."
+    if sep: n = s.count(sep) + 1 if type(sep) is type(s) else 1
+    else: n = sum(s.count(c if isinstance(s, str) else c.encode()) for c in ' \n\t\r') + 1
+    return n if _int(maxsplit) < 0 else min(n, _int(maxsplit) + 1)
+
+_width = lambda s, width, fill=' ': max(len(s), _int(width))
+_METHOD_SIZES = {   # str and bytes method -> its receiver and arguments -> the most it builds
+    'center': _width, 'ljust': _width, 'rjust': _width, 'zfill': _width,
+    'expandtabs': lambda s, tabsize=8: len(s) + s.count('\t' if isinstance(s, str) else b'\t')
+        * max(_int(tabsize), 0),
+    'replace': _replace_size,
+    'join': lambda s, items: (sum(len(x) for x in items if isinstance(x, (str, bytes)))
+                              + len(items) * len(s)),
+    'translate': lambda s, table: len(s) * max([1, *(len(v) for v in (
+        table.values() if isinstance(table, dict) else table if isinstance(table, list) else ())
+        if isinstance(v, str))]),
+    'split': lambda s, sep=None, maxsplit=-1: 8 * _pieces(s, sep, maxsplit),
+    'rsplit': lambda s, sep=None, maxsplit=-1: 8 * _pieces(s, sep, maxsplit),
+    'splitlines': lambda s, keepends=False: 8 * _pieces(s, None, -1),
+}
+
 # %% ../../nbs/formats/21_tokenizer.ipynb #0d51c2dd
-_FORMAT_SPEC = regex.compile(r'%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d+))?|\{[^{}]*?:([^{}]*)\}')
-
-def _format_string(f):
-    "The string `s` if `f` is `s.format` or `s.format_map` (as the sandbox hands them out)."
-    bound = getattr(f, '__wrapped__', f)
-    s, name = getattr(bound, '__self__', None), getattr(bound, '__name__', '')
-    return s if isinstance(s, str) and name in ('format', 'format_map') else None
-
 _INT_BITS = 1 << 16   # integers a template computes stay small: big products cost quadratic time
 
+class _FieldBudget:
+    "A `string.Formatter` mixin: each field of `str.format` is sized before it is formatted."
+    def vformat(self, fmt, args, kwargs):
+        self._built = len(fmt)
+        return super().vformat(fmt, args, kwargs)
+
+    def format_field(self, value, spec):
+        self._env.budget.check(value, 'a format field', deep=True)
+        self._built += _spec_size(value, spec)
+        self._env.budget.bound(self._built, 'str.format')
+        return super().format_field(value, spec)
+
+class _BoundedFormatter(_FieldBudget, SandboxedFormatter): pass
+class _BoundedEscapeFormatter(_FieldBudget, SandboxedEscapeFormatter): pass
+
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
-    "jinja2's immutable sandbox whose arithmetic, calls and filters refuse to build past budget."
+    """jinja2's immutable sandbox, whose every hook sizes what an operation would build before it
+    runs: arithmetic (`+ * ** %`), calls (str methods by `_METHOD_SIZES`, `str.format` field by
+    field, `lipsum`), filters (`_FILTER_SIZES`), output values, captured output (macros, `set`
+    blocks) and `~`; whatever a hook returns is checked against `max_output` again."""
     intercepted_binops = frozenset(['+', '*', '**', '%'])
 
     def __init__(self, budget, **options):
-        super().__init__(**options)
+        super().__init__(finalize=self._finalize, **options)
         self.budget, self.cap = budget, budget.caps['max_output']
-        self.filters = {name: self._bounded(f) for name, f in self.filters.items()}
+        self.filters = {name: self._bounded(name, f) for name, f in self.filters.items()}
+        self.globals['lipsum'] = self._lipsum
 
-    def _check_args(self, args, what):
+    def _check_args(self, args, what, deep=False):
         for a in args:
             if isinstance(a, int) and not isinstance(a, bool) and abs(a) > self.cap:
                 raise _OverBudget(f"{what}: argument {a} exceeds max_output={self.cap}")
-            if isinstance(a, str) and what.startswith('format'):
-                widths = [int(n) for m in _FORMAT_SPEC.finditer(a) for g in m.groups() if g
-                          for n in regex.findall(r'\d+', g)]
-                if any(w > self.cap for w in widths):
-                    raise _OverBudget(f"{what}: a width in {a[:40]!r} exceeds "
-                                      f"max_output={self.cap}")
-            if isinstance(a, (list, tuple)) and _size(a, deep=True) > self.cap:
-                raise _OverBudget(f"{what}: a sequence of total size {_size(a, deep=True)} "
-                                  f"exceeds max_output={self.cap}")
+            self.budget.check(a, what, deep)
 
-    def _bounded(self, f):
+    def _bounded(self, name, f):
+        size, skip = _FILTER_SIZES.get(name), getattr(f, 'jinja_pass_arg', None) is not None
         @wraps(f)    # keeps jinja2's pass_context / pass_environment marks
         def filter_(*args, **kwargs):
-            what = 'format filter' if f.__name__ == 'do_format' else f"filter {f.__name__}"
-            self._check_args((*args, *kwargs.values()), what)
-            return self.budget.check(f(*args, **kwargs), f"filter {f.__name__}")
+            what = f"filter {name}"
+            if name in _MATERIALIZED and len(args) > skip:
+                args = (*args[:skip], list(args[skip]), *args[skip + 1:])
+            self._check_args((*args[skip:], *kwargs.values()), what, name not in _TEXT_FREE)
+            if size is not None:
+                n = size(*args[skip:], **kwargs)
+                n, work = n if isinstance(n, tuple) else (n, 0)
+                self.budget.bound(n, what); self.budget.charge(work, what)
+            return self.budget.check(f(*args, **kwargs), what)
         return filter_
 
     def call_binop(self, context, operator, left, right):
+        what = repr(operator)
+        for a in (left, right): self.budget.check(a, what, deep=operator in ('*', '%'))
         for seq, n in ((left, right), (right, left)):
-            if operator == '*' and isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-                if _size(seq, deep=True) * n > self.cap:
-                    raise _OverBudget(f"a value of size {_size(seq)} * {n} exceeds "
-                                      f"max_output={self.cap}")
-        if operator in ('*', '**') and isinstance(left, int) and isinstance(right, int):
+            if operator == '*' and isinstance(seq, (str, bytes, list, tuple)) and _int(n):
+                self.budget.bound(_size(seq, deep=True, limit=self.cap) * _int(n), what)
+        if operator in ('*', '**') and _int(left) and _int(right):
             bits = (left.bit_length() + right.bit_length() if operator == '*'
                     else left.bit_length() * abs(right))
             if bits > _INT_BITS:
                 raise _OverBudget(f"an integer of about {bits} bits from {operator!r} exceeds "
                                   f"{_INT_BITS} bits")
-        if operator == '%': self._check_args([left, right], 'format %')
-        return self.budget.check(super().call_binop(context, operator, left, right), repr(operator))
+        if operator == '+' and isinstance(left, (str, bytes, list, tuple)):
+            self.budget.bound(_size(left) + _size(right), what)
+        if operator == '%' and isinstance(left, str):
+            self.budget.bound(_percent_size(left, right), what)
+        return self.budget.check(super().call_binop(context, operator, left, right), what)
 
     def call(self, context, obj, /, *args, **kwargs):
-        fmt = _format_string(obj)
-        self._check_args((*args, *kwargs.values(), *([fmt] if fmt else [])),
-                         'format method' if fmt else 'a call')
+        self._check_args((*args, *kwargs.values()), 'a call')
+        receiver, name = getattr(obj, '__self__', None), getattr(obj, '__name__', '')
+        size = (_METHOD_SIZES.get(name) if isinstance(receiver, (str, bytes))
+                and isinstance(obj, types.BuiltinMethodType) else None)
+        if size is not None:
+            if name == 'join' and args: args = (list(args[0]), *args[1:])
+            self.budget.bound(size(receiver, *args, **kwargs), f"method {name}")
         return self.budget.check(super().call(context, obj, *args, **kwargs), 'a call')
+
+    def wrap_str_format(self, value):
+        "`s.format` / `s.format_map` for a string `s`, formatting through `_BoundedFormatter`."
+        s, name = getattr(value, '__self__', None), getattr(value, '__name__', '')
+        if not (isinstance(s, str) and name in ('format', 'format_map')
+                and isinstance(value, (types.MethodType, types.BuiltinMethodType))):
+            return None
+        formatter = (_BoundedEscapeFormatter(self, escape=s.escape) if isinstance(s, Markup)
+                     else _BoundedFormatter(self))
+        def formatted(*args, **kwargs):
+            if name == 'format_map':
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one mapping")
+                args, kwargs = (), args[0]
+            return type(s)(formatter.vformat(s, args, kwargs))
+        return update_wrapper(formatted, value)
+
+    def _finalize(self, value):        # every {{ expression }}, before it becomes text
+        return self.budget.check(value, 'an output value', deep=True)
+
+    def concat(self, parts):           # captured output: macros, {% set %} and {% filter %} blocks
+        parts = parts if isinstance(parts, list) else list(parts)
+        self.budget.bound(sum(map(len, parts)), 'captured output')
+        return ''.join(parts)
+
+    def _lipsum(self, n=5, html=True, min=20, max=100):
+        self.budget.bound(_int(n) * (13 * _int(max) + 16), 'lipsum')   # words of ≤ 12 letters
+        return generate_lorem_ipsum(n, html, min, max)
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #79a5c016
 def render_chat_template(template, messages, add_generation_prompt=True, caps=None,
                          **variables) -> str:
     """Render a jinja2 chat `template` with `messages` in an immutable sandbox, on a budget: `caps`
     overrides `TEMPLATE_CAPS` (`max_output` characters of text and of any value built, `max_steps`
-    lines of template code run); an unknown cap is a `TypeError`. Every failure (a template error,
-    `raise_exception`, an exhausted budget, any exception inside the template) raises
-    `TokenizerError`. Convention: Hugging Face chat templates (trim_blocks, lstrip_blocks)."""
+    lines of template code run, `max_work` units of any work done, `max_seconds` of wall-clock
+    time); an unknown cap is a `TypeError`. Every failure (a template error, `raise_exception`, an
+    exhausted budget, any exception inside the template) raises `TokenizerError`. Convention:
+    Hugging Face chat templates (trim_blocks, lstrip_blocks)."""
     unknown = set(caps or {}) - set(TEMPLATE_CAPS)
     if unknown:
         raise TypeError(f"unknown template cap(s) {sorted(unknown)}; "
                         f"known: {sorted(TEMPLATE_CAPS)}")
     budget = _Budget({**TEMPLATE_CAPS, **(caps or {})})
     def raise_exception(msg): raise TokenizerError(f"chat template: {msg}")
-    env = _BoundedSandbox(budget, trim_blocks=True, lstrip_blocks=True,
-                          extensions=['jinja2.ext.loopcontrols'])
-    env.globals['raise_exception'] = raise_exception
     try:
+        env = _BoundedSandbox(budget, trim_blocks=True, lstrip_blocks=True,
+                              extensions=['jinja2.ext.loopcontrols'])
+        env.globals['raise_exception'] = raise_exception
         compiled = env.from_string(template)
         with budget:
             out, n = [], 0
@@ -360,37 +634,94 @@ def render_chat_template(template, messages, add_generation_prompt=True, caps=No
 class SPMTokenizer(_ChatTemplate, SentencePieceBPE):
     "SentencePiece BPE (`gradus.formats.spm.SentencePieceBPE`) with this module's chat templates."
 
+_T = 'tokenizer.ggml.'
+_ID_KEYS = {'bos_id': 'bos_token_id', 'eos_id': 'eos_token_id', 'unk_id': 'unknown_token_id',
+            'pad_id': 'padding_token_id', 'eot': 'eot_token_id', 'eom': 'eom_token_id'}
+_KINDS = {   # every tokenizer key from_gguf reads -> the kind of value it must hold
+    _T + 'model': 'str', _T + 'pre': 'str', 'tokenizer.chat_template': 'str',
+    _T + 'tokens': 'strings', _T + 'merges': 'strings', _T + 'token_type': 'integers',
+    _T + 'scores': 'numbers', _T + 'add_bos_token': 'bool', _T + 'add_space_prefix': 'bool',
+    **{_T + k: 'id' for k in _ID_KEYS.values()}}
+def _numbers(v):
+    "'i' for a 1-D array or list of integers, 'f' if some are floats, else None (bools are not)."
+    if isinstance(v, np.ndarray):
+        return {'i': 'i', 'u': 'i', 'f': 'f'}.get(v.dtype.kind) if v.ndim == 1 else None
+    kinds = {type(x) for x in v} if isinstance(v, list) else {str}
+    return 'i' if kinds <= {int} else 'f' if kinds <= {int, float} else None
+
+_KIND_TEST = {
+    'str': lambda v: isinstance(v, str), 'bool': lambda v: isinstance(v, (bool, np.bool_)),
+    'id': lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)),
+    'strings': lambda v: isinstance(v, list),       # each element: check_vocabulary, parse_merges
+    'integers': lambda v: _numbers(v) == 'i', 'numbers': lambda v: _numbers(v) is not None}
+_KIND_TEXT = {'str': 'a string', 'bool': 'a bool', 'id': 'an integer token id',
+              'strings': 'an array of strings', 'integers': 'an array of integers',
+              'numbers': 'an array of numbers'}
+
 def _metadata(g) -> dict:
     md = getattr(g, 'metadata', None)
     if not isinstance(md, dict):
-        raise TokenizerError(f"from_gguf needs a file admitted by gguf.open_gguf, not {g!r}")
+        raise TokenizerError(f"from_gguf needs a file admitted by gguf.open_gguf, not {g!r:.80}")
     return md
 
-def _require(md, *keys):
-    for k in keys:
-        if 'tokenizer.ggml.' + k not in md: raise TokenizerError(f"GGUF metadata lacks "
-                                                               f"'tokenizer.ggml.{k}'")
+def _tokenizer_metadata(g) -> dict:
+    """The tokenizer keys of `g`'s metadata that `from_gguf` reads, each checked for its kind
+    (`_KINDS`: a STRING where a string belongs, an integer id, an array of strings...), then the
+    arrays for agreeing lengths and token types, the ids for range. `{key: value}` of those
+    present; raises `TokenizerError` naming the key, its GGUF type and the value."""
+    md, types = _metadata(g), getattr(g, 'kv_types', None) or {}
+    out = {k: md[k] for k in _KINDS if k in md}
+    for k, v in out.items():
+        if not _KIND_TEST[_KINDS[k]](v):
+            shown = f"[{len(v)} items]" if isinstance(v, (list, np.ndarray)) else f"{v!r:.60}"
+            raise TokenizerError(f"{k} must be {_KIND_TEXT[_KINDS[k]]}, not "
+                                 f"{types.get(k, type(v).__name__)} {shown}")
+    if out.get(_T + 'model') not in ('gpt2', 'llama'):
+        raise TokenizerError(f"{_T}model {out.get(_T + 'model')!r:.60} is not supported (known: "
+                             f"'gpt2', byte-level BPE; 'llama', SentencePiece BPE)")
+    if _T + 'tokens' not in out: raise TokenizerError(f"GGUF metadata lacks '{_T}tokens'")
+    tokens, _ = check_vocabulary(out[_T + 'tokens'], out.get(_T + 'token_type'),
+                                 (_T + 'tokens', _T + 'token_type'))
+    if _T + 'scores' in out:
+        scores = np.asarray(out[_T + 'scores'], np.float64)
+        if len(scores) != len(tokens):
+            raise TokenizerError(f"{len(tokens)} {_T}tokens but {len(scores)} {_T}scores")
+        if np.isnan(scores).any():
+            raise TokenizerError(f"{_T}scores[{int(np.argmax(np.isnan(scores)))}] is NaN")
+    if out[_T + 'model'] == 'llama' and len(set(tokens)) != len(tokens):
+        seen = set()
+        twice = next(t for t in tokens if t in seen or seen.add(t))
+        raise TokenizerError(f"{_T}tokens holds {twice!r:.60} more than once")
+    pre = out.get(_T + 'pre', 'default')
+    if out[_T + 'model'] == 'gpt2' and pre not in PRE_TOKENIZERS:
+        raise TokenizerError(f"{_T}pre: pre-tokenizer {pre!r:.60} is not supported; "
+                             f"known: {sorted(PRE_TOKENIZERS)}")
+    for k in _ID_KEYS.values():
+        if _T + k in out: check_token_id(_T + k, out[_T + k], len(tokens))
+    return out
 
 def from_gguf(g):
     """Build the tokenizer described by `g`, a GGUF file admitted by `gguf.open_gguf` (any
-    object with a `metadata` dict): `BPETokenizer` for `tokenizer.ggml.model == 'gpt2'` (byte-level
-    BPE, with the pre-tokenizers of `PRE_TOKENIZERS`), `SPMTokenizer` for `'llama'` (SentencePiece
-    BPE with scores; BOS and a space prefix unless the file says otherwise, as in llama.cpp).
-    Raises `TokenizerError` naming the model or pre-tokenizer otherwise, when required keys are
+    object with a `metadata` dict, and optionally `kv_types`): `BPETokenizer` for
+    `tokenizer.ggml.model == 'gpt2'` (byte-level BPE, with the pre-tokenizers of
+    `PRE_TOKENIZERS`), `SPMTokenizer` for `'llama'` (SentencePiece BPE with scores; BOS and a space
+    prefix unless the file says otherwise, as in llama.cpp). Every key it reads is checked first
+    (`_tokenizer_metadata`). Raises `TokenizerError` naming the key and its value for a wrong kind,
+    length or range, naming the model or pre-tokenizer when unsupported, when required keys are
     missing, or when `g` is not an admitted file."""
-    md = _metadata(g)
-    k = lambda s, default=None: md.get('tokenizer.ggml.' + s, default)
-    model, eog = k('model'), [v for v in (k('eot_token_id'), k('eom_token_id')) if v is not None]
-    common = dict(bos_id=k('bos_token_id'), eos_id=k('eos_token_id'), eog_ids=eog,
+    md = _tokenizer_metadata(g)
+    k = lambda s, default=None: md.get(_T + s, default)
+    ids = {arg: k(key) for arg, key in _ID_KEYS.items()}
+    common = dict(bos_id=ids['bos_id'], eos_id=ids['eos_id'], pad_id=ids['pad_id'],
+                  eog_ids=[ids[e] for e in ('eot', 'eom') if ids[e] is not None],
                   chat_template=md.get('tokenizer.chat_template'))
-    if model == 'gpt2':
-        _require(md, 'tokens', 'merges')
+    if k('model') == 'gpt2':
+        if _T + 'merges' not in md: raise TokenizerError(f"GGUF metadata lacks '{_T}merges'")
+        vocab = {t: i for i, t in enumerate(k('tokens'))}
+        parse_merges(k('merges'), vocab, _T + 'merges')       # names the key, before the class
         return BPETokenizer(k('tokens'), k('merges'), k('token_type'), pre=k('pre', 'default'),
-                            add_bos=bool(k('add_bos_token', False)), **common)
-    if model == 'llama':
-        _require(md, 'tokens', 'scores')
-        return SPMTokenizer(k('tokens'), k('scores'), k('token_type'),
-                            unk_id=k('unknown_token_id'), add_bos=bool(k('add_bos_token', True)),
-                            add_space_prefix=bool(k('add_space_prefix', True)), **common)
-    raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (known: 'gpt2', "
-                         f"byte-level BPE; 'llama', SentencePiece BPE)")
+                            add_bos=k('add_bos_token', False), **common)
+    if _T + 'scores' not in md: raise TokenizerError(f"GGUF metadata lacks '{_T}scores'")
+    return SPMTokenizer(k('tokens'), k('scores'), k('token_type'), unk_id=ids['unk_id'],
+                        add_bos=k('add_bos_token', True),
+                        add_space_prefix=k('add_space_prefix', True), **common)

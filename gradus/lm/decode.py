@@ -12,6 +12,7 @@ __all__ = ['KVCache', 'cached_step', 'Event', 'Generation', 'generate', 'decode_
 import time
 from typing import NamedTuple
 import numpy as np
+from ..core import kernels
 from ..transformer.attention import causal_mask
 from ..learn import random as R
 from ..errors import CacheError, ShapeError
@@ -68,7 +69,8 @@ class KVCache:
     """Keys and values of `n_layers` attention layers for absolute positions `0 … capacity − 1`:
     buffers `k`, `v` of shape `(n_layers, n_kv_heads, capacity, head_dim)` and `dtype`, allocated
     once. `windows`: None or a per-layer list of `None | W` (a sliding-window layer attends to only
-    the last `W` positions).
+    the last `W` positions). A model of no layers (`n_layers = 0`) keeps no rows but still counts
+    positions.
 
     Protocol of one model step over `n` new tokens at position `pos == length`: every layer calls
     `write(layer, pos, k, v)` (or `attend`, which also gives the mask; or the model calls
@@ -76,7 +78,7 @@ class KVCache:
     rewinds. Raises `CacheError` (naming positions and capacity) on a gap, an overwrite, an
     overflow or an incomplete step; `ShapeError` for rows of a bad shape."""
     def __init__(self, n_layers, capacity, n_kv_heads, head_dim, dtype=np.float32, windows=None):
-        n_layers, self.capacity = _count('n_layers', n_layers), _count('capacity', capacity)
+        n_layers, self.capacity = _count('n_layers', n_layers, 0), _count('capacity', capacity)
         shape = (n_layers, _count('n_kv_heads', n_kv_heads), self.capacity,
                  _count('head_dim', head_dim))                     # (L, H_kv, capacity, D)
         if np.dtype(dtype).kind != 'f':
@@ -203,9 +205,11 @@ class Generation:
     the stopping one included), `text` (all emitted text), `stop_reason` (`sampling.STOP_REASONS`),
     `n_prompt`, `n_steps` (decode steps run), `prefill_s` and `decode_s` (wall-clock seconds of
     the prefill step, and of the decode steps with their sampling), `prefill_tps`, `decode_tps`
-    (tokens/s). `key`: the sampling key (None: `random.key(config.seed)`)."""
-    def __init__(self, step, prompt, config, tokenizer, cache, key=None):
+    (tokens/s). `key`: the sampling key (None: `random.key(config.seed)`); `widths`: the
+    model's widest per-token product (see `generate`)."""
+    def __init__(self, step, prompt, config, tokenizer, cache, key=None, widths=None):
         self.step, self.prompt, self.config, self.key = step, prompt, config, key
+        self.widths = widths
         self.tokenizer, self.cache = tokenizer, cache
         self.tokens, self.text, self.stop_reason, self.n_steps = [], '', None, 0
         self.n_prompt, self.prefill_s, self.decode_s = len(prompt), 0.0, 0.0
@@ -224,10 +228,15 @@ class Generation:
                 f"{self.decode_s:.3f} s)")
 
 # %% ../../nbs/lm/23_decode.ipynb #5d92171e
+def _blas_threads(widths, n):
+    "BLAS's threads for a step of `n` tokens: chosen by the model's `widths`; one when unknown."
+    return kernels.one_blas_thread() if widths is None else kernels.blas_threads_for(n, *widths)
+
 def _run_step(g, tokens, pos):
     "Logits `(vocab,)` of the last of `tokens` at `pos`; checks the step's output and cache commit."
     n = len(tokens)
-    logits = np.asarray(g.step(np.asarray(tokens, np.int64), pos))
+    with _blas_threads(g.widths, n):
+        logits = np.asarray(g.step(np.asarray(tokens, np.int64), pos))
     if logits.ndim == 2 and 1 <= logits.shape[0] <= n: logits = logits[-1]
     if logits.ndim != 1:
         raise ShapeError(f"generate: step returned logits of shape {logits.shape} for {n} tokens; "
@@ -280,40 +289,51 @@ def _events(g):
         pos += 1; g.n_steps += 1
 
 # %% ../../nbs/lm/23_decode.ipynb #313549fc
-def generate(step, prompt_ids, config, tokenizer=None, cache=None, key=None):
+def generate(step, prompt_ids, config, tokenizer=None, cache=None, key=None, widths=None):
     """Generate after the 1-D int `prompt_ids` from a model given as `step(tokens, pos) -> logits`.
     `cache`: the model's `KVCache` (the prompt goes at `cache.length`; `cache_full` is detected), or
     None for a step that keeps its own. `tokenizer` (optional): streams the text (`stream()`, or
     `decode`) and gives the default `eog_ids`. `key`: the sampling key (None:
-    `random.key(config.seed)`). Returns a `Generation`; iterate it for `Event(token, text, stop)`.
-    The last sampled token is not run: the cache ends at prompt + tokens − 1. Raises `ValueError`
-    for an empty or non-integer prompt, or stop strings without a tokenizer; `TypeError` for a
-    config that is not a `GenerationConfig`; `CacheError` when the prompt does not fit the cache."""
+    `random.key(config.seed)`). `widths`: `(d_in, d_out)` of the model's widest product per token
+    (a transformer's `(dim, ffn_dim)`): a step of `n` tokens runs BLAS with
+    `kernels.blas_threads_for(n, d_in, d_out)` threads; None: every step on one BLAS thread.
+    Returns a `Generation`; iterate it for `Event(token, text, stop)`. The last sampled token is
+    not run: the cache ends at prompt + tokens − 1. Raises `ValueError` for an empty or non-integer
+    prompt, stop strings without a tokenizer, or `widths` that are not two ints >= 1; `TypeError`
+    for a config that is not a `GenerationConfig`; `CacheError` when the prompt does not fit the
+    cache."""
     p = np.asarray(prompt_ids)
     if p.ndim != 1 or p.size == 0 or p.dtype.kind not in 'iu' or (p < 0).any():
         raise ValueError(f"generate: prompt_ids must be a non-empty 1-D array of ids >= 0, "
                          f"got {p.dtype}{list(p.shape)}")
     if not isinstance(config, GenerationConfig):
         raise TypeError(f"generate: config must be a GenerationConfig, got {type(config).__name__}")
+    if widths is not None:
+        w = tuple(widths) if isinstance(widths, (tuple, list)) else (widths,)
+        if len(w) != 2 or not all(is_int(v) and v >= 1 for v in w):
+            raise ValueError(f"generate: widths must be None or (d_in, d_out), two ints >= 1, "
+                             f"got {widths!r}")
+        widths = (int(w[0]), int(w[1]))
     if config.stop_strings and tokenizer is None:
         raise ValueError("generate: stop_strings need a tokenizer")
     if cache is not None and cache.length + p.size > cache.capacity:
         raise CacheError(f"generate: a prompt of {p.size} tokens at position {cache.length} does "
                          f"not fit the cache (capacity {cache.capacity})")
-    return Generation(step, [int(i) for i in p], config, tokenizer, cache, key)
+    return Generation(step, [int(i) for i in p], config, tokenizer, cache, key, widths)
 
 # %% ../../nbs/lm/23_decode.ipynb #4e76e3ad
 def decode_parity(step, forward, tokens, n_prefill):
     """Per-position max |Δlogit| (float64 `(T,)`) between cached decoding and the full forward.
     `step(tokens, pos)` (a model step over an empty cache returning `(n, vocab)` logits, as for
     `generate`) runs `tokens[:n_prefill]` at once, then each later token alone; `forward(tokens)
-    -> (T, vocab)` runs all `T` at once without a cache. Raises `ValueError` for `n_prefill` outside
-    `[1, T]`, `ShapeError` when the two disagree in shape."""
+    -> (T, vocab)` runs all `T` at once without a cache. The steps run on one BLAS thread. Raises
+    `ValueError` for `n_prefill` outside `[1, T]`, `ShapeError` when the two disagree in shape."""
     t = np.asarray(tokens, np.int64)
     if not 1 <= n_prefill <= t.size:
         raise ValueError(f"decode_parity: n_prefill must be in [1, {t.size}], got {n_prefill}")
-    rows = [np.asarray(step(t[:n_prefill], 0))]
-    rows += [np.asarray(step(t[i:i + 1], i)) for i in range(n_prefill, t.size)]
+    with kernels.one_blas_thread():                        # T − n one-token steps: small products
+        rows = [np.asarray(step(t[:n_prefill], 0))]
+        rows += [np.asarray(step(t[i:i + 1], i)) for i in range(n_prefill, t.size)]
     if any(r.ndim != 2 for r in rows):
         shapes = [r.shape for r in rows][:3]
         raise ShapeError(f"decode_parity: step must return (n, vocab) logits, got {shapes}")

@@ -17,7 +17,7 @@ from ..core.pytree import tree_leaves
 from ..core import ops
 from ..learn import nn
 from .attention import block_init, transformer_block, causal_mask
-from ..errors import ShapeError
+from ..errors import ConfigError, ShapeError
 from ..errors import DTypeError
 from ..learn import random
 
@@ -34,11 +34,21 @@ class GPTConfig(NamedTuple):
     bias: bool = True
 
 # %% ../../nbs/transformer/15_gpt.ipynb #b2923d11
+def _check_sizes(c):
+    "`ConfigError` naming the first size of `c` that is not an int in its range."
+    for name in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd'):
+        v, low = getattr(c, name), 0 if name == 'n_layer' else 1
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ConfigError(f"GPT: {name} must be an int >= {low}, got {v!r}")
+
+
 def init(key, config):
     """Parameters of a GPT for `config` (float32): `{'wte': (vocab, n_embd), 'wpe': (block_size,
-    n_embd), 'blocks': [n_layer block dicts], 'ln_f': {'scale', 'bias'}}`. Raises `ShapeError` if
-    `n_embd % n_head`."""
+    n_embd), 'blocks': [n_layer block dicts], 'ln_f': {'scale', 'bias'}}`. `n_layer = 0` is a GPT
+    of no blocks (see *A GPT of no blocks*). Raises `ConfigError` naming a size that is not an
+    int, `n_layer < 0` or another size < 1; `ShapeError` if `n_embd % n_head`."""
     c = config
+    _check_sizes(c)
     if c.n_embd % c.n_head:
         raise ShapeError(f"GPT: n_embd={c.n_embd} is not a multiple of n_head={c.n_head}")
     k_te, k_pe, *k_blocks = random.split(key, 2 + c.n_layer)
