@@ -224,11 +224,11 @@ def _draw(z, gen):
 def sample(logits, key, config, history=()):
     """One token id (int) drawn from 1-D float `logits` `(vocab,)` after the chain of
     `sampler_stages`: penalties over `history` (previous token ids), temperature (0: argmax, lowest
-    id on ties; `key` may be None), top-k, top-p, min-p. Pure: the same `(logits, key, config, history)`
-    gives the same id. Raises `ValueError` for logits that are not 1-D float, hold NaN or +inf, or
-    are all −inf, and for history entries that are not ids in `[0, vocab)`; `ConfigError` for
-    penalties that take a logit past float64's range; `TypeError` for a bad key (None needs temperature 0) or a `config`
-    that is not a `GenerationConfig`."""
+    id on ties; `key` may be None), top-k, top-p, min-p. Pure: the same
+    `(logits, key, config, history)` gives the same id. Raises `ValueError` for logits that are not
+    1-D float, hold NaN or +inf, or are all −inf, and for history entries that are not ids in
+    `[0, vocab)`; `ConfigError` for penalties that take a logit past float64's range; `TypeError`
+    for a bad key (None needs temperature 0) or a `config` that is not a `GenerationConfig`."""
     if not isinstance(config, GenerationConfig):
         raise TypeError(f"sample: config must be a GenerationConfig, got {type(config).__name__}")
     gen = None if key is None and config.temperature == 0 else R.rng(key)   # greedy: no key needed
