@@ -1,6 +1,6 @@
 """The main job: a short training run whose loss falls, bit-for-bit resume, the run folder, and
 refused inputs."""
-import subprocess, sys
+import json, os, re, shlex, signal, subprocess, sys, tempfile, time
 import numpy as np
 import pytest
 import gradus as gd
@@ -67,6 +67,9 @@ def test_resume_refuses_another_model(corpus, tmp_path):
         S.run(cfg._replace(n_embd=16, iters=4), resume=True, progress=False, log=lambda *a: None)
 
 
+EVAL_LINE = r'step \d+: train loss \d+\.\d{4}, val loss \d+\.\d{4}'   # nanoGPT's line
+
+
 def gradus_cli(*args, cwd):
     return subprocess.run([sys.executable, '-m', 'gradus', 'shakespeare', *args],
                           capture_output=True, text=True, cwd=cwd, timeout=120)
@@ -75,6 +78,9 @@ def gradus_cli(*args, cwd):
 @pytest.mark.parametrize('content,message', [
     (None, 'no such file'), (b'', 'empty'), (b'   \n', 'empty'), (b'To be', 'too short'),
     (b'To be or not to be \xff\xfe that is the question' * 3, 'not UTF-8'),
+    (b'\x00' * 100_000, "a vocabulary of 1 character ('\\x00'); training needs at least 2"),
+    (b'a' * 90_000 + b'ab' * 5_000, 'the training split (the first 90%): a vocabulary of 1'),
+    (b'To be or not.' * 12, 'the validation split (the last 10%): 16 characters'),
 ])
 def test_cli_refuses_bad_input(tmp_path, content, message):
     p = tmp_path / 'in.txt'
@@ -82,6 +88,8 @@ def test_cli_refuses_bad_input(tmp_path, content, message):
     r = gradus_cli('--data', str(p), '--out', str(tmp_path / 'o'), '--block-size', '16',
                    cwd=tmp_path)
     assert r.returncode == 1 and message in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    assert r.stderr.count('\n') == 1 and (content is None or str(p) in r.stderr), r.stderr
+    assert not (tmp_path / 'o').exists(), "refused before the run folder is made"
 
 
 def test_cli_end_to_end(corpus, tmp_path):
@@ -92,6 +100,21 @@ def test_cli_end_to_end(corpus, tmp_path):
     assert r.returncode == 0, r.stderr
     assert 'final: step 6' in r.stdout and '--- sample' in r.stdout
     assert len((tmp_path / 'o' / 'sample.txt').read_text()) == 41
+    lines = r.stdout.splitlines()
+    evals = [l for l in lines if re.fullmatch(EVAL_LINE, l)]
+    assert [l.split(':')[0] for l in evals] == ['step 3', 'step 6'], r.stdout   # a line each
+    listed = lines[lines.index('the run wrote:') + 1:]
+    assert [l.split()[0] for l in listed] == [str(tmp_path / 'o' / n) for n in S.RUN_FILES]
+    assert all((tmp_path / 'o' / n).is_file() for n in S.RUN_FILES)
+
+
+def test_evaluations_print_above_the_progress_bar(corpus, tmp_path, capsys):
+    "With the bar on, each evaluation is still a line of its own (tqdm.write), not only a postfix."
+    cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'o'),
+                      **{**SMALL, 'iters': 4, 'eval_interval': 2})
+    S.run(cfg, progress=True)
+    out = capsys.readouterr().out.splitlines()
+    assert [l.split(':')[0] for l in out if l.startswith('step ')] == ['step 2', 'step 4'], out
 
 
 def test_dropout_trains_through_a_traced_key(corpus, tmp_path):
@@ -118,7 +141,7 @@ def test_dropout_trains_through_a_traced_key(corpus, tmp_path):
 ])
 def test_cli_refuses_bad_settings_before_training(corpus, tmp_path, flags, message):
     r = gradus_cli('--data', str(corpus), '--out', str(tmp_path / 'o'), *flags, cwd=tmp_path)
-    assert r.returncode == 1 and message in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    assert r.returncode == 2 and message in r.stderr and 'Traceback' not in r.stderr, r.stderr
     assert not (tmp_path / 'o' / 'metrics.jsonl').exists()
 
 
@@ -141,3 +164,239 @@ def test_resume_past_iters_is_refused_without_touching_the_run(corpus, tmp_path)
     with pytest.raises(train.CheckpointError, match='past --iters'):
         S.run(cfg._replace(iters=2), resume=True, progress=False, log=lambda *a: None)
     assert (tmp_path / 'r' / 'config.json').read_text() == before
+
+
+# --- memory, counted before it is spent (issue 24 item 3) ---------------------------------------
+
+MEASURE = r"""
+import argparse, contextlib, io, json, sys
+from gradus.jobs import shakespeare as S
+from gradus.core import kernels
+from gradus.formats.tokenizer import CharTokenizer
+def peak():   # this process's peak resident set, VmHWM (KiB), which exec starts afresh
+    with open('/proc/self/status') as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith('VmHWM:'))
+p = argparse.ArgumentParser(); S.add_arguments(p)
+args = p.parse_args(sys.argv[1:])
+cfg = S.RunConfig(**{k: getattr(args, k) for k in S.RunConfig._fields if hasattr(args, k)})
+text = open(cfg.data, encoding='utf-8').read()
+est = S.estimate_memory(cfg, CharTokenizer.from_text(text).vocab_size, len(text),
+                        kernels.threads())
+del text
+base = peak()                          # the interpreter with gradus imported: the baseline
+with contextlib.redirect_stdout(io.StringIO()): status = S.cli(args)
+print(json.dumps({'status': status, 'baseline': base, 'peak': peak(), 'estimate': est}))
+"""
+
+
+def test_memory_estimate_beside_the_measured_peak(corpus, tmp_path):
+    """A real run of the command (training, evaluation, checkpoint, plot, sample), each block in a
+    fresh process, its peak resident set less the baseline of the interpreter with gradus
+    imported: the estimate is never below it and at most 2x above it, at two blocks, so that
+    attention's B·H·T² terms, 4x from one to the other, are what grows. The peak is Linux's VmHWM:
+    getrusage's ru_maxrss (self or children) keeps the parent's peak across fork and exec, so a
+    child of a large pytest process would report pytest's size."""
+    if not os.path.exists('/proc/self/status'): pytest.skip('needs Linux /proc')
+    rows = []
+    for T in (512, 1024):
+        r = subprocess.run([sys.executable, '-c', MEASURE, '--data', str(corpus),
+                            '--out', str(tmp_path / str(T)), '--iters', '2', '--eval-interval', '2',
+                            '--eval-iters', '1', '--warmup', '1', '--batch-size', '4',
+                            '--block-size', str(T), '--n-layer', '1', '--n-head', '4',
+                            '--n-embd', '64', '--sample-len', '20', '--no-progress'],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        m = json.loads(r.stdout.splitlines()[-1])
+        assert m['status'] == 0
+        rows.append((T, m['estimate'], m['peak'] - m['baseline']))
+    mib = lambda n: f"{n / 2**20:.0f} MiB"
+    table = '; '.join(f"block {T}: estimate {mib(e['peak'])} (attention {mib(e['attention'])}), "
+                      f"measured {mib(m)}, ratio {e['peak'] / m:.2f}" for T, e, m in rows)
+    print(table)
+    for T, e, m in rows:
+        assert m <= e['peak'] <= 2 * m, table
+    (_, small, m_small), (_, large, m_large) = rows
+    assert large['attention'] > 3.9 * small['attention'] and m_large > m_small + 100 * 2**20, table
+
+
+def test_estimate_grows_with_the_square_of_the_block():
+    cfg = S.RunConfig()
+    parts = [S.estimate_memory(cfg._replace(block_size=T), 65, 1_000_000) for T in (64, 128, 256)]
+    att = [p['attention'] for p in parts]
+    assert [b / a for a, b in zip(att, att[1:])] == pytest.approx([4, 4], rel=0.01)
+    # each layer keeps its (B, H, T, T) weights; two more while one layer's backward runs
+    B, H, T, L = cfg.batch_size, cfg.n_head, 64, cfg.n_layer
+    assert att[0] == 4 * (L + 2) * B * H * T * T + 2 * T * T
+    p = parts[0]
+    assert p['peak'] == (p['runtime'] + p['data'] + p['parameters'] + p['adamw']
+                         + p['gradients'] + p['activations'] + p['attention'] + p['batch'])
+    from gradus.transformer import gpt
+    from gradus.learn import random
+    n = gpt.num_params(gpt.init(random.key(0), S.model_config(cfg, 65)), non_embedding=False)
+    assert p['parameters'] == 4 * n and p['adamw'] == 8 * n
+    split = S.estimate_memory(cfg, 65, 1_000_000, shards=4)
+    assert split['gradients'] == 5 * p['gradients']      # four shards' gradients and their mean
+
+
+def test_memory_refusal_names_both_figures():
+    with pytest.raises(gd.errors.MemoryBudgetError) as e:
+        S.check_run_memory(S.RunConfig(block_size=4096), 65, 1_000_000, available=2 << 30)
+    msg = str(e.value)
+    assert '--block-size 4096' in msg and 'needs about' in msg and '2.0 GiB available' in msg
+    assert S.check_run_memory(S.RunConfig(), 65, 1_000_000, available=2 << 30) < 2 << 30
+
+
+def test_cli_refuses_a_block_that_does_not_fit_before_training(tmp_path):
+    "The issue's run: --block-size 100000 grew to 23 GB until the OOM killer; now one line."
+    r = gradus_cli('--block-size', '100000', '--out', str(tmp_path / 'o'), cwd=tmp_path)
+    assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert r.stderr.count('\n') == 1 and '--block-size 100000' in r.stderr, r.stderr
+    assert 'needs about' in r.stderr and 'available' in r.stderr, r.stderr
+    assert not (tmp_path / 'o').exists()
+
+
+# --- Ctrl-C (issue 24 item 5) ---------------------------------------------------------------
+
+def test_ctrl_c_checkpoints_and_prints_the_command_that_resumes(corpus, tmp_path):
+    """SIGINT to a running `gradus shakespeare`: no traceback, exit 130, a checkpoint of the last
+    whole step, one line with the command that resumes; that command finishes the run, and the
+    result is the uninterrupted run's, bit for bit."""
+    flags = ['--data', str(corpus), '--out', str(tmp_path / 'cut'), '--iters', '400',
+             '--eval-interval', '100', '--eval-iters', '1', '--batch-size', '4', '--block-size',
+             '16', '--n-layer', '1', '--n-head', '2', '--n-embd', '16', '--warmup', '10',
+             '--sample-len', '10', '--threads', '1', '--no-progress']
+    p = subprocess.Popen([sys.executable, '-m', 'gradus', 'shakespeare', *flags], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log, deadline = tmp_path / 'cut' / 'metrics.jsonl', time.monotonic() + 240
+    while p.poll() is None and time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= 5: break   # training has begun
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and 'Traceback' not in err, err
+    assert err.count('\n') == 1 and 'to resume: gradus shakespeare' in err, err
+    stopped = int(re.search(r'stopped after step (\d+) of 400', err).group(1))
+    assert 5 <= stopped < 400
+    assert S.checkpoint_step(tmp_path / 'cut' / 'ckpt.safetensors') == stopped
+    cmd = shlex.split(err.split('to resume: ')[1])
+    assert cmd[:2] == ['gradus', 'shakespeare'] and cmd[-1] == '--resume'
+    assert cmd[2:-1] == flags, "the user's flags, as given"
+    r = subprocess.run([sys.executable, '-m', 'gradus', *cmd[1:]], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"at step {stopped}" in r.stdout and 'final: step 400' in r.stdout
+    assert [m['step'] for m in S.read_metrics(tmp_path / 'cut')] == list(range(1, 401))
+    # the run never interrupted, in this process with the same settings and one thread
+    from gradus.core import kernels
+    before = kernels.threads()
+    kernels.set_threads(1)
+    try:
+        cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'straight'), iters=400,
+                          eval_interval=100, eval_iters=1, batch_size=4, block_size=16, n_layer=1,
+                          n_head=2, n_embd=16, warmup=10, sample_len=10)
+        S.run(cfg, progress=False, log=lambda *a: None)
+    finally:
+        kernels.set_threads(before)
+    from gradus.formats.safetensors import load_safetensors
+    a = load_safetensors(tmp_path / 'straight' / 'ckpt.safetensors')
+    b = load_safetensors(tmp_path / 'cut' / 'ckpt.safetensors')
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_command_line_gives_the_flags_that_differ_from_their_defaults():
+    import argparse
+    p = argparse.ArgumentParser(); S.add_arguments(p)
+    args = p.parse_args(['--out', 'my run', '--lr', '3e-4', '--no-progress', '--n-layer', '6'])
+    assert S.command_line(args) == ("gradus shakespeare --out 'my run' --n-layer 6 --lr 0.0003 "
+                                    "--no-progress --resume")
+    assert S.command_line(p.parse_args([]), resume=False) == 'gradus shakespeare'
+
+
+# --- what a newcomer reads (issue 24 item 6) ------------------------------------------------
+
+def test_help_describes_each_flag():
+    import argparse
+    from gradus.jobs import cli
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices['shakespeare']
+    flags = [a for a in parser._actions if a.option_strings and a.dest != 'help']
+    for a in flags:
+        words = re.sub(r'\(default[^)]*\)', '', a.help).split()
+        assert len(words) >= 2, f"{a.option_strings[0]}: {a.help!r} says only its default"
+    model = {'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'lr'}
+    for a in flags:
+        if a.dest in model: assert f"(default {a.default})" in a.help, a.help
+    text = parser.format_help()
+    assert 'attention heads per block' in text and 'transformer blocks' in text
+
+
+def _cli_in_process(capsys, *flags):
+    import argparse
+    p = argparse.ArgumentParser(); S.add_arguments(p)
+    status = S.cli(p.parse_args(list(flags) + ['--no-progress']))
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize('case', ['out is a file', 'a parent is a file', 'a file is a folder',
+                                  'no permission', 'read-only system folder'])
+def test_out_errors_name_the_folder_given(corpus, tmp_path, capsys, case):
+    small = ['--data', str(corpus), '--iters', '2', '--eval-interval', '2', '--eval-iters', '1',
+             '--block-size', '16', '--n-layer', '1', '--n-head', '2', '--n-embd', '16',
+             '--sample-len', '5']
+    out = tmp_path / 'run'
+    if case == 'out is a file': out.write_text('x')
+    elif case == 'a parent is a file':
+        (tmp_path / 'f').write_text('x'); out = tmp_path / 'f' / 'run'
+    elif case == 'a file is a folder':             # a folder where config.json is written
+        (out / 'config.json').mkdir(parents=True)
+    elif case == 'no permission':
+        if os.geteuid() == 0: pytest.skip('root writes in any folder')
+        out.mkdir(); out.chmod(0o500)
+    else:                                          # even root cannot write in /sys
+        out = '/sys'
+        if not os.path.isdir(out): pytest.skip('no /sys here')
+        try: fd, probe = tempfile.mkstemp(dir=out)
+        except OSError: pass
+        else:
+            os.close(fd); os.unlink(probe); pytest.skip('/sys is writable here')
+    try:
+        status, err = _cli_in_process(capsys, *small, '--out', str(out))
+    finally:
+        if case == 'no permission': out.chmod(0o700)
+    assert status == 1 and err.count('\n') == 1 and f"--out {out}:" in err, err
+    assert '.tmp' not in err and 'Traceback' not in err and 'Errno' not in err, err
+
+
+def test_sample_sets_blas_threads_for_its_small_products(monkeypatch):
+    """The sample's products are one character's row (or, once the context slides, one window's)
+    through the model: BLAS gets the thread count for that size, whatever OPENBLAS_NUM_THREADS
+    says (issue 24 item 2). The forward runs inside the block, and BLAS is on one thread there."""
+    from contextlib import contextmanager
+    from gradus.core import kernels
+    from gradus.transformer import gpt
+    from gradus.learn import random
+    from threadpoolctl import threadpool_info
+    sizes, inside = [], []
+    real = kernels.blas_threads_for
+    @contextmanager
+    def spy(*size):
+        sizes.append(size)
+        with real(*size): yield
+    monkeypatch.setattr(S.kernels, 'blas_threads_for', spy)
+    vocab = list('abcdefgh\n')
+    cfg = S.RunConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, sample_len=8)
+    state = train.init_state(gpt.init(random.key(0), S.model_config(cfg, len(vocab))),
+                             S.make_optimizer(cfg), random.key(1))
+    real_step = S.models.stepper
+    def stepper(*a, **k):
+        step = real_step(*a, **k)
+        def counted(*b):
+            inside.append(next(i['num_threads'] for i in threadpool_info()
+                               if i['user_api'] == 'blas'))
+            return step(*b)
+        return counted
+    monkeypatch.setattr(S.models, 'stepper', stepper)
+    assert len(S.sample_text(state, cfg, vocab)) == 9
+    assert len(S.sample_text(state, cfg._replace(sample_len=40), vocab)) == 41
+    assert sizes == [(1, 16, 64), (16, 16, 64)]            # (rows, n_embd, 4·n_embd)
+    assert inside and set(inside) == {1}

@@ -135,6 +135,53 @@ def test_fit_refuses_nan():
         train.fit(loss_fn, s0._replace(step=5), opt, get_batch, 2, progress=False)
 
 
+@pytest.mark.parametrize('where,done,saved', [('batch', 6, 6), ('eval', 5, 5),
+                                              ('checkpoint', 5, 5), ('callback', 5, 6)])
+def test_fit_interrupted_hands_back_the_last_whole_step(tmp_path, where, done, saved):
+    """Ctrl-C (KeyboardInterrupt) in step 6's batch, evaluation, checkpoint or callback: fit
+    re-raises it with `state` at the last step finished whole (6 when the batch of step index 6
+    never arrived; 5 when step 6 was computed but not finished), the records up to it, and training
+    on from that state is the uninterrupted run, bit for bit. (Step 6's periodic checkpoint comes
+    before its callback: a Ctrl-C there leaves it on disk, one step past the state handed back.)"""
+    loss_fn, get_batch, opt, s0 = _setup()
+    path = tmp_path / 'ckpt.safetensors'
+    kw = dict(eval_every=1, checkpoint=path, checkpoint_every=1, progress=False)
+    full, h_full = train.fit(loss_fn, s0, opt, get_batch, 12, eval_fn=lambda p: {'v': 1.0},
+                             callback=lambda r: None, **kw)
+    def ctrl_c(step):
+        if step == 6: raise KeyboardInterrupt
+    def batch(k, t):
+        if where == 'batch': ctrl_c(t)
+        return get_batch(k, t)
+    def evaluate(p):
+        if where == 'eval': ctrl_c(len(seen) + 1)
+        return {'v': 1.0}
+    seen = []
+    def callback(r):
+        seen.append(r['step'])
+        if where == 'callback': ctrl_c(r['step'])
+    if where == 'checkpoint':
+        real = train.save_checkpoint
+        def save(p, st, *a):
+            ctrl_c(st.step)
+            return real(p, st, *a)
+        import unittest.mock
+        patch = unittest.mock.patch.object(train, 'save_checkpoint', save)
+    else:
+        import contextlib
+        patch = contextlib.nullcontext()
+    with patch, pytest.raises(KeyboardInterrupt) as e:
+        train.fit(loss_fn, s0, opt, batch, 12, eval_fn=evaluate, callback=callback, **kw)
+    st, hist = e.value.state, e.value.history
+    assert st.step == done and [r['step'] for r in hist] == list(range(1, done + 1))
+    assert train.load_checkpoint(path, like=s0).step == saved      # the last one fit wrote
+    on, h_on = train.fit(loss_fn, st, opt, get_batch, 12, eval_fn=lambda p: {'v': 1.0},
+                         callback=lambda r: None, **kw)
+    a, b = _named(full), _named(on)
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    assert [r['loss'] for r in h_full] == [r['loss'] for r in hist + h_on]
+
+
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_resume_is_bit_for_bit(tmp_path, dtype):
     loss_fn, get_batch, opt, s0 = _setup(dtype)

@@ -142,7 +142,9 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
     `data_parallel` over `kernels.threads()` shards (the loss must be a mean over the batch).
     Raises `NonFiniteError` naming the step of a
     NaN/inf loss or gradient, and whatever `loss_fn`'s tracing raises (`ShapeError`, `DTypeError`,
-    `TracerError`)."""
+    `TracerError`). Interrupted (Ctrl-C), it re-raises the `KeyboardInterrupt` with two attributes:
+    `state`, the `TrainState` after the last step whose record, evaluation, checkpoint and callback
+    all completed (a state to resume from), and `history`, the records up to that step."""
     steps = int(steps)
     if steps < state.step:
         raise ValueError(f"fit: steps={steps} is before the state's step {state.step}")
@@ -153,7 +155,7 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
                             f"{in_axes!r}")
         vg = data_parallel(vg, (None, *in_axes))
     params, opt_state, key_ = state.params, state.opt_state, state.key
-    history, t0 = [], time.perf_counter()
+    history, t0, done = [], time.perf_counter(), state     # done: the last step finished whole
     bar = tqdm(total=steps, initial=state.step, unit='step', disable=not progress,
                dynamic_ncols=True)
     try:
@@ -171,10 +173,14 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
                 save_checkpoint(checkpoint, TrainState(params, opt_state, t + 1, key_))
             history.append(rec)
             if callback is not None and ((t + 1) % log_every == 0 or evaluated): callback(rec)
+            done = TrainState(params, opt_state, t + 1, key_)   # one assignment: never half a step
             if progress:
                 shown = {k: f"{v:.4g}" for k, v in rec.items() if k not in ('step', 'elapsed_s')}
                 bar.set_postfix(shown, refresh=False)
                 bar.update(1)
+    except KeyboardInterrupt as e:
+        e.state, e.history = done, history[:done.step - state.step]
+        raise
     finally:
         bar.close()
     return TrainState(params, opt_state, steps, key_), history
