@@ -8,7 +8,8 @@ as JSON into its own DOM, which `--dump-dom` hands back. The expected counts (pa
 formulas) are read from the notebooks here, not from the build. The preprocessing rules (nbdev
 directives, API entries, links) are checked on a small notebook the test writes; the hand-written
 pages' example outputs are checked by running the examples."""
-import html, html.parser, http.server, importlib.util, json, re, shutil, subprocess, sys, threading
+import html, html.parser, http.server, importlib.util, json, re, shutil, subprocess, sys
+import atexit, tempfile, threading
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, unquote
@@ -72,16 +73,9 @@ def _defining_notebook(name):
     return None
 
 # ---------------------------------------------------------------------------- the built site
-
-
-@pytest.fixture(scope='module')
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp('site')
-    r = subprocess.run([sys.executable, str(DOCS / 'build.py'), '--out', str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, \
-        f'docs build failed (warnings are errors):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}'
-    return out / 'html'
+# The build (~25 s of CPU) and the browser's visit of every page (~20 s, most of it waiting) run
+# once a session, in a thread that tests/conftest.py starts as soon as the session has collected a
+# test that reads the site: they overlap the tests that run before this module.
 
 
 CHECK_PAGE = """<!doctype html><html><head><meta charset="utf-8"></head><body>
@@ -143,37 +137,129 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args): pass
 
 
-@pytest.fixture(scope='module')
-def server(site):
-    "The site on a loopback port, so that pages fetch as on a web server, not from file://."
-    handler = partial(_Handler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f'http://127.0.0.1:{httpd.server_address[1]}'
-    httpd.shutdown()
-    httpd.server_close()
+def _chromium_cmd(args, tmp):
+    return [CHROMIUM, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
+            '--no-first-run', '--hide-scrollbars', f'--user-data-dir={tmp / "profile"}', *args]
 
 
 def chromium(args, tmp, timeout=180):
-    cmd = [CHROMIUM, '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
-           '--no-first-run', '--hide-scrollbars', f'--user-data-dir={tmp / "profile"}', *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(_chromium_cmd(args, tmp), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class _Background:
+    """The site built into a temporary folder (`docs/build.py`, warnings as errors), served on a
+    loopback port, so that pages fetch as on a web server, not from file://, and, with `browse`,
+    what the browser found on every page and on a search for `logsumexp` (`CHECK_PAGE`)."""
+
+    def __init__(self, browse):
+        self.tmp = tempfile.TemporaryDirectory(prefix='gradus-docs-')
+        self.root, self.browse = Path(self.tmp.name), browse
+        self.build = self.httpd = self.checked = self.error = None
+        self.built, self.procs, self.closed = threading.Event(), [], False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        atexit.register(self.close)  # a session that ends before the module (-x) stops them too
+
+    def _call(self, cmd, timeout):
+        "`subprocess.run(cmd)` that `close` can stop: killed past `timeout`, output kept."
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        self.procs.append(p)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def _run(self):
+        try:
+            self.build = self._call([sys.executable, str(DOCS / 'build.py'), '--out',
+                                     str(self.root / 'site')], timeout=300)
+            self.built.set()
+            if self.build.returncode or not self.browse: return
+            self.httpd = http.server.ThreadingHTTPServer(
+                ('127.0.0.1', 0), partial(_Handler, directory=str(self.html_dir)))
+            threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+            self.checked = self._check()
+        except BaseException as e:  # raised again in the fixture that waits for it
+            self.error = e
+        finally:
+            self.built.set()
+
+    def _check(self):
+        pages = sorted(p.name for p in self.html_dir.glob('*.html') if p.name != 'search.html')
+        urls = [f'/{p}' for p in pages] + ['/search.html?q=logsumexp']
+        _Handler.check_page = (CHECK_PAGE % json.dumps(urls)).encode()
+        # --dump-dom returns when the virtual-time budget is spent; on a busy machine the checks
+        # can still be running then (the page says "pending"), so a larger budget is tried
+        for k, budget in enumerate((120_000, 400_000, 1_200_000)):
+            r = self._call(_chromium_cmd([f'--virtual-time-budget={budget}', '--dump-dom',
+                                          f'{self.url}/__check__.html'], self.root / f'chr{k}'),
+                           timeout=400)
+            m = re.search(r'<pre id="out">(.*?)</pre>', r.stdout, re.S)
+            if m and m.group(1) != 'pending': break
+        return r, m
+
+    html_dir = property(lambda self: self.root / "site" / "html")
+    url = property(lambda self: f'http://127.0.0.1:{self.httpd.server_address[1]}')
+
+    def wait(self, browsed=False):
+        (self.thread.join if browsed else self.built.wait)()
+        if self.error is not None: raise self.error
+
+    def close(self):
+        if self.closed: return
+        self.closed = True
+        for p in self.procs:
+            if p.poll() is None: p.kill()
+        self.thread.join(timeout=30)
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+        self.tmp.cleanup()
+
+
+_BACKGROUND = []
+
+
+def start_site(browse=True):
+    "The session's `_Background` (started at the first call; none without the docs extra)."
+    if MISSING: return None
+    if not _BACKGROUND: _BACKGROUND.append(_Background(browse and CHROMIUM is not None))
+    return _BACKGROUND[0]
 
 
 @pytest.fixture(scope='module')
-def seen(site, server, tmp_path_factory):
+def background():
+    run = start_site()
+    yield run
+    if run is not None: run.close()
+    _BACKGROUND.clear()
+
+
+@pytest.fixture(scope='module')
+def site(background):
+    background.wait()
+    r = background.build
+    assert r.returncode == 0, \
+        f'docs build failed (warnings are errors):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}'
+    return background.html_dir
+
+
+@pytest.fixture(scope='module')
+def server(site, background):
+    "The site on a loopback port (started once the build is done)."
+    background.wait(browsed=True)
+    return background.url
+
+
+@pytest.fixture(scope='module')
+def seen(site, background):
     "What the browser found on every page of the site and on a search for `logsumexp`."
-    pages = sorted(p.name for p in site.glob('*.html') if p.name != 'search.html')
-    urls = [f'/{p}' for p in pages] + ['/search.html?q=logsumexp']
-    _Handler.check_page = (CHECK_PAGE % json.dumps(urls)).encode()
-    # --dump-dom returns when the virtual-time budget is spent; on a busy machine the checks can
-    # still be running then (the page says "pending"), so a larger budget is tried before failing
-    for budget in (120_000, 400_000, 1_200_000):
-        r = chromium([f'--virtual-time-budget={budget}', '--dump-dom', f'{server}/__check__.html'],
-                     tmp_path_factory.mktemp('chromium'), timeout=400)
-        m = re.search(r'<pre id="out">(.*?)</pre>', r.stdout, re.S)
-        if m and m.group(1) != 'pending': break
+    background.wait(browsed=True)
+    r, m = background.checked
     assert m and m.group(1) != 'pending', \
         f'the checking page did not finish:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
     reports = json.loads(html.unescape(m.group(1)))

@@ -24,6 +24,7 @@ gguf = pytest.importorskip('gguf', reason="the independent reference reads GGUF 
 import _gemma_reference as R  # noqa: E402  (after the skip: it imports gguf)
 
 MODEL, needs_model = find(G.gemma3_path, 'Gemma 3')
+pytestmark = pytest.mark.usefixtures('one_blas_thread')  # tests/conftest.py: speed only
 
 N_NEW = 32
 TOL = 1e-3
@@ -52,19 +53,6 @@ PROMPTS = {
 
 
 # ---------------------------------------------------------------- fixtures
-@pytest.fixture(scope='module', autouse=True)
-def one_blas_thread():
-    """Speed only: on two busy cores a second OpenBLAS thread makes these small GEMMs up to ten
-    times slower (threadpoolctl, where installed)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1, user_api='blas'):
-        yield
-
-
 @pytest.fixture(scope='module')
 def tok():
     return TK.from_gguf(G.open_gguf(MODEL))

@@ -22,13 +22,14 @@ from gradus.transformer import gpt
 from gradus.learn import random as R
 from gradus.formats import tokenizer as TK
 from gradus.errors import CacheError, ConfigError, FormatError
-from _models import find
+from _models import find, reader
 
 gguf = pytest.importorskip(
     'gguf', reason="the independent reference reads GGUF with the `gguf` package"
 )
 
 MODEL, needs_model = find(G.smollm2_path, 'SmolLM2')
+pytestmark = pytest.mark.usefixtures('one_blas_thread')  # tests/conftest.py: speed only
 
 
 # ---------------------------------------------------------------- the independent reference
@@ -49,7 +50,7 @@ class Reference:
     pairing for them)."""
 
     def __init__(self, path, layout='hf', tensors=None):
-        r = gguf.GGUFReader(str(path))
+        r = reader(path)  # the gguf package's GGUFReader, made once a session (tests/_models.py)
         a = _field(r, 'general.architecture')
         self.n_layers = _field(r, f'{a}.block_count')
         self.n_heads, self.n_kv = (
@@ -197,7 +198,7 @@ def _ids(tok, name):
 # ---------------------------------------------------------------- correctness against the reference
 @needs_model
 def test_config_from_metadata(model):
-    r = gguf.GGUFReader(str(MODEL))
+    r = reader(MODEL)
     _, c = model
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim) == (
         _field(r, 'llama.block_count'),
@@ -265,7 +266,6 @@ def test_decode_parity(model, tok):
 
 
 # ---------------------------------------------------------------- kernels against numpy formulas
-@needs_model
 def rows4(w, x, exact):
     "The engine's four-row kernel over all rows of QTensor `w` at `x` (float32)."
     y = np.empty(w.shape[0], np.float32)
@@ -273,6 +273,7 @@ def rows4(w, x, exact):
     return y
 
 
+@needs_model
 def test_quantized_matvec_both_modes(model):
     "Four rows per pass, including a last group of 1-3 rows: both modes against float64 formulas."
     params, _ = model
@@ -344,6 +345,32 @@ def test_decode_step_same_bits_on_any_number_of_workers(model):
     assert np.array_equal(z1, zn) and np.array_equal(k1, kn)
 
 
+def test_engine_compiles_each_stage_once():
+    """A cold first token compiles `_token` with every stage (16 s of CPU on an idle core; 36 s
+    before these rules): `_stage_rows` takes its mode as a run-time value (a literal 0, 1 or 2
+    compiles a copy for each), `_worker` gets one type of index (the parallel region's own is
+    unsigned: a second copy), and no jitted function of the engine or its kernels copies an array
+    slice (numba's check of a slice copy compiles the string formatting of its error message)."""
+    import ast
+    import inspect
+    def jitted(module):
+        tree = ast.parse(inspect.getsource(module))
+        return [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and any(
+            'njit' in ast.unparse(d) for d in f.decorator_list)]
+    copies = [f'{f.name}: {ast.unparse(a)}' for m in (engine, qkernels) for f in jitted(m)
+              for a in ast.walk(f) if isinstance(a, ast.Assign)
+              for t in a.targets if isinstance(t, ast.Subscript)
+              and any(isinstance(n, ast.Slice) for n in ast.walk(t.slice))
+              and not isinstance(a.value, ast.Constant)]
+    assert not copies, copies
+    calls = {f.name: [c for c in ast.walk(f) if isinstance(c, ast.Call)] for f in jitted(engine)}
+    modes = [ast.unparse(c.args[3]) for c in calls['_worker']
+             if ast.unparse(c.func) == '_stage_rows']
+    assert len(modes) == 4 and not any(m.isdigit() for m in modes), modes
+    [index] = [ast.unparse(c.args[0]) for c in calls['_token'] if ast.unparse(c.func) == '_worker']
+    assert index == 'np.int64(i)', index
+
+
 @needs_model
 def test_decode_step_refusals(model):
     params, c = model
@@ -413,6 +440,24 @@ def test_tiny_llama_loads_and_runs(tmp_path):
     params, c = models.from_gguf(_tiny_gguf(tmp_path))
     assert (c.dim, c.n_heads, c.n_kv_heads, c.vocab_size) == (32, 2, 2, 64)
     assert models.apply(params, np.array([1, 2, 3]), c).shape == (3, 64)
+
+
+def test_forward_picks_the_blas_threads_for_its_products(tmp_path, monkeypatch):
+    """A short prompt's products are small: `forward` runs them on one BLAS thread whatever count
+    is in force around it (two here), and restores that count; past `kernels.SMALL_PRODUCT`
+    multiply-adds a layer's products get `kernels.threads()`."""
+    from threadpoolctl import threadpool_limits
+    from gradus.core import kernels
+    params, c = models.from_gguf(_tiny_gguf(tmp_path))
+    seen, block = [], models._block
+    monkeypatch.setattr(models, '_block', lambda *a: seen.append(kernels.blas_threads()) or
+                        block(*a))
+    with threadpool_limits(2, user_api='blas'):
+        models.forward(params, np.arange(3), c)
+        assert seen == [1] and kernels.blas_threads() == 2
+        monkeypatch.setattr(kernels, 'SMALL_PRODUCT', 3 * c.dim * c.ffn_dim)  # 3 rows: not small
+        models.forward(params, np.arange(3), c)
+        assert seen == [1, kernels.threads()] and kernels.blas_threads() == 2
 
 
 def test_refuses_other_architectures(tmp_path):

@@ -206,7 +206,7 @@ def _stage_qkv(wq, wk, wv, kind, nb, a, acc, out, qkv, nq, nk, D, cos, sin, ck, 
                 (wk, nq, nq + nk) if r < nq + nk else (wv, nq + nk, n))
             nr = min(4, min(c1, lim) - r)
             kernel_rows(w, kind, r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
-            qkv[r : r + nr] = out[0, :nr]
+            for j in range(nr): qkv[r + j] = out[0, j]  # a loop, not a slice copy: see _token
             r += nr
         for i in range(c0, min(c1, nq + nk), 2):  # chunks start even; nq is a multiple of D
             _rope_pair(qkv, i, D, cos, sin)
@@ -259,6 +259,8 @@ def _worker(i, m, tk, ws, sync, exact):
     W, norms, eps, kind, hkind, H, Hkv, D = m
     x, cos, sin, ck, cv, starts, pos = tk
     dim, nff, nq, nk, L = x.shape[0], ff.shape[0], H * D, Hkv * D, norms.shape[0] // 2
+    put, add, swiglu = np.int64(0), np.int64(1), np.int64(2)  # _stage_rows's modes as run-time
+    # values: one compiled _stage_rows serves all three (literals 0, 1, 2 would compile it thrice)
     hi, a, acc, out = h[i, :dim], (xv[i], xa[i], xd[i], xs[i], exact), acc[i], out[i]
     for l in range(L):
         s, w = 5 * l, 7 * l
@@ -272,18 +274,18 @@ def _worker(i, m, tk, ws, sync, exact):
                       s + 1)
         _wait(sync, s + 1, H)
         activation_side(att, nq, exact, *a[:4])
-        _stage_rows(W[w + 3], W[w + 3], kind, 1, nq // 32, dim, a, acc, out, x, sync, s + 2)
+        _stage_rows(W[w + 3], W[w + 3], kind, add, nq // 32, dim, a, acc, out, x, sync, s + 2)
         _wait(sync, s + 2, dim)
         _rms_norm(x, norms[2 * l + 1], eps, hi)
         activation_side(hi, dim, exact, *a[:4])
-        _stage_rows(W[w + 4], W[w + 5], kind, 2, dim // 32, nff, a, acc, out, ff, sync, s + 3)
+        _stage_rows(W[w + 4], W[w + 5], kind, swiglu, dim // 32, nff, a, acc, out, ff, sync, s + 3)
         _wait(sync, s + 3, nff)
         activation_side(ff, nff, exact, *a[:4])
-        _stage_rows(W[w + 6], W[w + 6], kind, 1, nff // 32, dim, a, acc, out, x, sync, s + 4)
+        _stage_rows(W[w + 6], W[w + 6], kind, add, nff // 32, dim, a, acc, out, x, sync, s + 4)
     _wait(sync, 5 * L - 1, dim)
     _rms_norm(x, norms[2 * L], eps, hi)
     activation_side(hi, dim, exact, *a[:4])
-    _stage_rows(W[7 * L], W[7 * L], hkind, 0, dim // 32, logits.shape[0], a, acc, out, logits,
+    _stage_rows(W[7 * L], W[7 * L], hkind, put, dim // 32, logits.shape[0], a, acc, out, logits,
                 sync, 5 * L)
 
 
@@ -291,7 +293,7 @@ def _worker(i, m, tk, ws, sync, exact):
 def _token(n, m, tk, ws, sync, exact):
     "One parallel region per token: `n` workers, each running `_worker`."
     for i in prange(n):
-        _worker(i, m, tk, ws, sync, exact)
+        _worker(np.int64(i), m, tk, ws, sync, exact)  # one type of `i` (the region's is unsigned)
 
 # %% ../../nbs/lm/26_engine.ipynb #llama043
 def _embedding(params, token):

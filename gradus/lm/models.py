@@ -24,6 +24,7 @@ from ..transformer.attention import apply_rope, causal_mask, scaled_dot_product_
 from ..formats.gguf import open_gguf
 from ..formats.quants import GGMLType, MATVEC_TYPES, dequantize
 from .qkernels import qmatvec
+from ..core import kernels
 from ..errors import FormatError
 
 # %% ../../nbs/lm/24_models.ipynb #llama005
@@ -278,12 +279,16 @@ def forward(params, tokens, config, cache=None, pos=0, last_only=False) -> np.nd
     absolute positions `pos … pos + T − 1`. With a `decode.KVCache`, each layer writes its keys and
     values there and attends to the cached rows it may see (its sliding window, if any), then the
     cache is committed (a step's prefill). One-token steps use `qkernels.qmatvec` where it has the
-    matrix's type; several tokens decode each matrix to float32 for one GEMM."""
+    matrix's type; several tokens decode each matrix to float32 for one GEMM, on the BLAS threads
+    `kernels.blas_threads_for` picks for a layer's products (one for a short prompt: split
+    across threads, a small product waits for its slowest, and beside a busy neighbour that
+    one runs only in the scheduler's slices)."""
     x = embed(params, tokens) * np.float32(config.embed_scale)
-    for i, lp in enumerate(params['layers']):
-        x = _block(lp, x, config, pos, i, cache)
-    if cache is not None: cache.commit(len(tokens))
-    return _head(params, x[-1:] if last_only else x, config)
+    with kernels.blas_threads_for(x.shape[0], config.dim, config.ffn_dim):
+        for i, lp in enumerate(params['layers']):
+            x = _block(lp, x, config, pos, i, cache)
+        if cache is not None: cache.commit(len(tokens))
+        return _head(params, x[-1:] if last_only else x, config)
 
 
 def apply(params, tokens, config) -> np.ndarray:

@@ -305,7 +305,7 @@ def _matvec_rows4(w, kind, x, exact, y):
     for g in prange((m + 3) // 4):
         acc, out, nr = np.empty((4, 32), np.float32), np.empty(4, np.float32), min(4, m - 4 * g)
         kernel_rows(w, kind, 4 * g, nr, n // 32, xv, xa, xd, xs, exact, acc, out)
-        y[4 * g : 4 * g + nr] = out[:nr]
+        for i in range(nr): y[4 * g + i] = out[i]   # (a slice copy compiles numba's error text)
 
 # %% ../../nbs/lm/25a_qkernels_speed.ipynb #qk-dequant-row
 @njit(cache=True, boundscheck=False)
