@@ -51,8 +51,9 @@ class Gemma3:
     """Float32 weights of every tensor in the file; `logits` of independent sequences and their
     greedy continuations, the sequences of a batch sharing each weight read."""
 
-    def __init__(self, path):
-        self.reader = r = gguf.GGUFReader(str(path))
+    def __init__(self, path, reader=None):
+        "`reader`: a `gguf.GGUFReader` of `path` already made (tests/_models.reader), or None."
+        self.reader = r = reader if reader is not None else gguf.GGUFReader(str(path))
         a = 'gemma3'
         key = lambda k: _field(r, f'{a}.{k}')
         self.n_layers, self.dim = key('block_count'), key('embedding_length')

@@ -12,6 +12,7 @@ from gradus.errors import FormatError, ShapeError
 from gradus.formats.quants import GGMLType, BLOCK
 sys.path.insert(0, str(Path(__file__).parent))
 import _gguf_build as B
+import _models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -390,7 +391,7 @@ def test_gguf_array_cap_is_separate(smollm2):
 
 # ---------- SmolLM2 ----------
 def test_smollm2_header_matches_gguf_reader(smollm2):
-    g, r = G.open_gguf(smollm2), gguf.GGUFReader(smollm2)
+    g, r = G.open_gguf(smollm2), _models.reader(smollm2)
     assert g.version == 3 and len(g.tensors) == 272 and g.architecture == 'llama'
     fields = {k: f for k, f in r.fields.items() if not k.startswith('GGUF.')}
     assert list(fields) == list(g.metadata)
@@ -408,7 +409,7 @@ def test_smollm2_header_matches_gguf_reader(smollm2):
     assert g.tensors['token_embd.weight'].shape == (49152, 576)
 
 def test_smollm2_every_tensor_bit_identical(smollm2):
-    g, r = G.open_gguf(smollm2), gguf.GGUFReader(smollm2)
+    g, r = G.open_gguf(smollm2), _models.reader(smollm2)
     for rt in r.tensors:
         ours = g.dequantize(rt.name)
         theirs = gguf.quants.dequantize(rt.data,

@@ -18,6 +18,7 @@ import _gguf_build as B
 from gradus.lm import decode, models
 from gradus.formats import gguf as G, tokenizer as TK
 from gradus.errors import FormatError
+import _models
 from _models import find
 
 gguf = pytest.importorskip('gguf', reason="the independent reference reads GGUF with `gguf`")
@@ -66,7 +67,7 @@ def ids(tok):
 
 @pytest.fixture(scope='module')
 def ref():
-    return R.Gemma3(MODEL)
+    return R.Gemma3(MODEL, _models.reader(MODEL))
 
 
 @pytest.fixture(scope='module')
