@@ -189,13 +189,16 @@ class _ChatTemplate:
     "Chat templating for a tokenizer with `chat_template`, `tokens`, `bos_id` and `eos_id`."
     def apply_chat_template(self, messages, add_generation_prompt=True, caps=None, **extra) -> str:
         """`render_chat_template` with the model's template, `bos_token` and `eos_token` (`caps`:
-        see `TEMPLATE_CAPS`). Raises `TokenizerError` if there is none, or it fails."""
+        see `TEMPLATE_CAPS`). Raises `TokenizerError` if there is none, if it fails, or if
+        `bos_id` or `eos_id` is neither None nor an id of the vocabulary (`check_token_id`)."""
         if not self.chat_template:
             raise TokenizerError("this tokenizer has no chat template (tokenizer.chat_template)")
-        text = lambda i: self.tokens[i] if i is not None else ''
+        def text(what, i):
+            i = check_token_id(what, i, len(self.tokens))
+            return '' if i is None else self.tokens[i]
         return render_chat_template(self.chat_template, messages, add_generation_prompt, caps,
-                                    bos_token=text(self.bos_id), eos_token=text(self.eos_id),
-                                    **extra)
+                                    bos_token=text('bos_id', self.bos_id),
+                                    eos_token=text('eos_id', self.eos_id), **extra)
 
 # %% ../../nbs/formats/21_tokenizer.ipynb #efeb6bb3
 class BPETokenizer(_ByteDecoding, _ChatTemplate):
