@@ -7,6 +7,23 @@ def s(x: str) -> bytes:
     b = x.encode()
     return struct.pack('<Q', len(b)) + b
 
+
+# GGUF value types and one value written by hand (spec: ggml docs/gguf.md)
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = \
+    range(13)
+FMT = {UINT8: 'B', INT8: 'b', UINT16: 'H', INT16: 'h', UINT32: 'I', INT32: 'i', FLOAT32: 'f',
+       BOOL: '?', UINT64: 'Q', INT64: 'q', FLOAT64: 'd'}
+
+
+def value(vtype, v) -> bytes:
+    "One GGUF value of type `vtype`; an ARRAY's `v` is `(element type, items)`."
+    if vtype == STRING: return s(v)
+    if vtype == ARRAY:
+        etype, items = v
+        return struct.pack('<IQ', etype, len(items)) + b''.join(value(etype, x) for x in items)
+    return struct.pack('<' + FMT[vtype], v)
+
+
 def kv_u32(k, v): return s(k) + struct.pack('<II', 4, v)
 def kv_str(k, v): return s(k) + struct.pack('<I', 8) + s(v)
 def kv_str_array(k, vals):

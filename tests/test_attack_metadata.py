@@ -11,29 +11,17 @@ bounded by a fixed list of cases, not by time."""
 import dataclasses, math, struct
 from collections import Counter
 import numpy as np, pytest
-from _gguf_build import build, s
+from _gguf_build import (ARRAY, BOOL, FLOAT32, FLOAT64, FMT, INT8, INT16, INT32, INT64,
+                         STRING, UINT8, UINT16, UINT32, UINT64, build, s, value)
 from gradus.core import kernels
 from gradus.errors import FormatError, GradusError, MemoryBudgetError
 from gradus.formats import gguf as G, tokenizer as T
 from gradus.lm import models
 
 # ---------------------------------------------------------------- GGUF values by hand
-UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = \
-    range(13)
-FMT = {UINT8: 'B', INT8: 'b', UINT16: 'H', INT16: 'h', UINT32: 'I', INT32: 'i', FLOAT32: 'f',
-       BOOL: '?', UINT64: 'Q', INT64: 'q', FLOAT64: 'd'}
 INTS = {UINT8: (0, 2**8 - 1), INT8: (-2**7, 2**7 - 1), UINT16: (0, 2**16 - 1),
         INT16: (-2**15, 2**15 - 1), UINT32: (0, 2**32 - 1), INT32: (-2**31, 2**31 - 1),
         UINT64: (0, 2**64 - 1), INT64: (-2**63, 2**63 - 1)}
-
-
-def value(vtype, v) -> bytes:
-    "One GGUF value (spec: ggml docs/gguf.md); an ARRAY's `v` is `(element type, items)`."
-    if vtype == STRING: return s(v)
-    if vtype == ARRAY:
-        etype, items = v
-        return struct.pack('<IQ', etype, len(items)) + b''.join(value(etype, x) for x in items)
-    return struct.pack('<' + FMT[vtype], v)
 
 
 def as_read(vtype, v):

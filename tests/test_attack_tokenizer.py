@@ -7,24 +7,13 @@ clock."""
 import struct, tracemalloc
 from collections import Counter
 import numpy as np, pytest
-from _gguf_build import build, s
+from _gguf_build import (ARRAY, BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, STRING,
+                         UINT8, UINT16, UINT32, UINT64, build, s, value)
 from gradus.errors import FormatError, TokenizerError
 from gradus.formats import gguf as G, spm, tokenizer as T
 
-# ---------- GGUF metadata written by hand (spec: ggml docs/gguf.md) ----------
-UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = \
-    range(13)
-_FMT = {UINT8: 'B', INT8: 'b', UINT16: 'H', INT16: 'h', UINT32: 'I', INT32: 'i', FLOAT32: 'f',
-        BOOL: '?', UINT64: 'Q', INT64: 'q', FLOAT64: 'd'}
+# ---------- GGUF metadata written by hand (tests/_gguf_build.py: types and `value`) ----------
 INTS = (UINT8, INT8, UINT16, INT16, UINT32, INT32, UINT64, INT64)
-
-def value(vtype, v) -> bytes:
-    "One GGUF value; an ARRAY's `v` is `(element type, items)`."
-    if vtype == STRING: return s(v)
-    if vtype == ARRAY:
-        etype, items = v
-        return struct.pack('<IQ', etype, len(items)) + b''.join(value(etype, x) for x in items)
-    return struct.pack('<' + _FMT[vtype], v)
 
 def gguf_file(tmp_path, kvs, name='t.gguf'):
     "A tensorless GGUF file of `kvs` (`{key: (vtype, value)}`), admitted by `open_gguf`."

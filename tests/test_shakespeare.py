@@ -39,7 +39,7 @@ def test_short_run_loss_falls_and_writes_run_folder(corpus, tmp_path):
     assert all({'step', 'train_loss', 'lr', 'ms'} <= r.keys() for r in rows)
     assert [r['step'] for r in rows if 'val_loss' in r] == [20, 40]
     files = sorted(p.name for p in (tmp_path / 'run').iterdir())
-    assert files == ['ckpt.safetensors', 'config.json', 'loss.png', 'metrics.jsonl']
+    assert files == ['.lock', 'ckpt.safetensors', 'config.json', 'loss.png', 'metrics.jsonl']
     assert (tmp_path / 'run' / 'loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
@@ -260,9 +260,10 @@ def test_cli_refuses_a_block_that_does_not_fit_before_training(tmp_path):
 def test_ctrl_c_checkpoints_and_prints_the_command_that_resumes(corpus, tmp_path):
     """SIGINT to a running `gradus shakespeare`: no traceback, exit 130, a checkpoint of the last
     whole step, one line with the command that resumes; that command finishes the run, and the
-    result is the uninterrupted run's, bit for bit."""
-    flags = ['--data', str(corpus), '--out', str(tmp_path / 'cut'), '--iters', '400',
-             '--eval-interval', '100', '--eval-iters', '1', '--batch-size', '4', '--block-size',
+    result is the uninterrupted run's, bit for bit. (1,600 tiny steps: enough that a test process
+    starved by a loaded machine still signals the run before it ends.)"""
+    flags = ['--data', str(corpus), '--out', str(tmp_path / 'cut'), '--iters', '1600',
+             '--eval-interval', '400', '--eval-iters', '1', '--batch-size', '4', '--block-size',
              '16', '--n-layer', '1', '--n-head', '2', '--n-embd', '16', '--warmup', '10',
              '--sample-len', '10', '--threads', '1', '--no-progress']
     p = subprocess.Popen([sys.executable, '-m', 'gradus', 'shakespeare', *flags], cwd=tmp_path,
@@ -275,8 +276,8 @@ def test_ctrl_c_checkpoints_and_prints_the_command_that_resumes(corpus, tmp_path
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130 and 'Traceback' not in err, err
     assert err.count('\n') == 1 and 'to resume: gradus shakespeare' in err, err
-    stopped = int(re.search(r'stopped after step (\d+) of 400', err).group(1))
-    assert 5 <= stopped < 400
+    stopped = int(re.search(r'stopped after step (\d+) of 1600', err).group(1))
+    assert 5 <= stopped < 1600
     assert S.checkpoint_step(tmp_path / 'cut' / 'ckpt.safetensors') == stopped
     cmd = shlex.split(err.split('to resume: ')[1])
     assert cmd[:2] == ['gradus', 'shakespeare'] and cmd[-1] == '--resume'
@@ -284,15 +285,15 @@ def test_ctrl_c_checkpoints_and_prints_the_command_that_resumes(corpus, tmp_path
     r = subprocess.run([sys.executable, '-m', 'gradus', *cmd[1:]], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f"at step {stopped}" in r.stdout and 'final: step 400' in r.stdout
-    assert [m['step'] for m in S.read_metrics(tmp_path / 'cut')] == list(range(1, 401))
+    assert f"at step {stopped}" in r.stdout and 'final: step 1600' in r.stdout
+    assert [m['step'] for m in S.read_metrics(tmp_path / 'cut')] == list(range(1, 1601))
     # the run never interrupted, in this process with the same settings and one thread
     from gradus.core import kernels
     before = kernels.threads()
     kernels.set_threads(1)
     try:
-        cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'straight'), iters=400,
-                          eval_interval=100, eval_iters=1, batch_size=4, block_size=16, n_layer=1,
+        cfg = S.RunConfig(data=str(corpus), out=str(tmp_path / 'straight'), iters=1600,
+                          eval_interval=400, eval_iters=1, batch_size=4, block_size=16, n_layer=1,
                           n_head=2, n_embd=16, warmup=10, sample_len=10)
         S.run(cfg, progress=False, log=lambda *a: None)
     finally:
@@ -400,3 +401,56 @@ def test_sample_sets_blas_threads_for_its_small_products(monkeypatch):
     assert len(S.sample_text(state, cfg._replace(sample_len=40), vocab)) == 41
     assert sizes == [(1, 16, 64), (16, 16, 64)]            # (rows, n_embd, 4·n_embd)
     assert inside and set(inside) == {1}
+
+
+# --- the run folder after a crash (issue 25 item 6; tests/test_attack_runs.py has the sweep) -----
+
+KILL_AFTER_RENAME = r"""
+import os, signal, sys
+from pathlib import Path
+real = os.replace
+def replace(src, dst):       # SIGKILL the moment the checkpoint of step KILL_AT is in place
+    real(src, dst)
+    if Path(dst).name != 'ckpt.safetensors': return
+    with open(dst, 'rb') as f: header = f.read(400).decode('latin-1')
+    if os.environ['KILL_AT'] in header: os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+from gradus.jobs import cli
+sys.exit(cli.main(['shakespeare', *sys.argv[1:]]))
+"""
+
+
+def test_a_kill_just_after_a_checkpoint_loses_no_evaluation(corpus, tmp_path):
+    """The issue's reproduction in a real process: `gradus shakespeare` SIGKILLed the moment its
+    step-4 checkpoint is renamed into place (before, that step's log line and evaluation were
+    still to be written, and were lost for good: evaluations logged at [2, 6, 8]). The folder's
+    log holds step 4; the resume logs each evaluation once; its checkpoint is the straight one."""
+    flags = ['--data', str(corpus), '--iters', '8', '--eval-interval', '2', '--eval-iters', '1',
+             '--batch-size', '4', '--block-size', '16', '--n-layer', '1', '--n-head', '2',
+             '--n-embd', '16', '--warmup', '1', '--sample-len', '5', '--threads', '1',
+             '--no-progress']
+    cut, straight = tmp_path / 'cut', tmp_path / 'straight'
+    r = subprocess.run([sys.executable, '-c', KILL_AFTER_RENAME, *flags, '--out', str(cut)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, 'KILL_AT': '"step":"4"'})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert S.checkpoint_step(cut / 'ckpt.safetensors') == 4
+    assert [m['step'] for m in S.read_metrics(cut)] == [1, 2, 3, 4]
+    import argparse, contextlib, io
+    from gradus.core import kernels
+    p = argparse.ArgumentParser(); S.add_arguments(p)
+    before = kernels.threads()
+    try:                                     # the resume and the straight run, in this process
+        for out, more in ((cut, ['--resume']), (straight, [])):
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert S.cli(p.parse_args([*flags, '--out', str(out), *more])) == 0
+    finally:
+        kernels.set_threads(before)
+    rows = S.read_metrics(cut)
+    assert [m['step'] for m in rows] == list(range(1, 9))
+    assert [m['step'] for m in rows if 'val_loss' in m] == [2, 4, 6, 8]
+    from gradus.formats.safetensors import load_safetensors
+    a, b = (load_safetensors(out / 'ckpt.safetensors') for out in (cut, straight))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    strip = lambda rs: [{k: v for k, v in m.items() if k != 'ms'} for m in rs]
+    assert strip(rows) == strip(S.read_metrics(straight))

@@ -111,7 +111,8 @@ def test_fit_records_evaluates_and_calls_back():
 
 def test_fit_writes_periodic_checkpoints(tmp_path):
     """fit(checkpoint=..., checkpoint_every=N) leaves the state of the last multiple of N, then of
-    the final step."""
+    the final step; each step's callback runs before that step's checkpoint (issue 25 item 6: a
+    log is never behind its checkpoint), so the callback of step 5 still sees no checkpoint."""
     loss_fn, get_batch, opt, s0 = _setup()
     path = tmp_path / 'ckpt.safetensors'
     seen = []
@@ -119,7 +120,7 @@ def test_fit_writes_periodic_checkpoints(tmp_path):
                                                        like=s0).step if path.exists() else None)
     state, _ = train.fit(loss_fn, s0, opt, get_batch, 12, callback=cb, progress=False,
                          checkpoint=path, checkpoint_every=5)
-    assert seen == [None] * 4 + [5] * 5 + [10] * 2 + [12]
+    assert seen == [None] * 5 + [5] * 5 + [10] * 2
     saved = train.load_checkpoint(path, like=s0)
     assert all(np.array_equal(a, b) for a, b in zip(_named(saved).values(), _named(state).values()))
 
@@ -136,13 +137,13 @@ def test_fit_refuses_nan():
 
 
 @pytest.mark.parametrize('where,done,saved', [('batch', 6, 6), ('eval', 5, 5),
-                                              ('checkpoint', 5, 5), ('callback', 5, 6)])
+                                              ('checkpoint', 5, 5), ('callback', 5, 5)])
 def test_fit_interrupted_hands_back_the_last_whole_step(tmp_path, where, done, saved):
     """Ctrl-C (KeyboardInterrupt) in step 6's batch, evaluation, checkpoint or callback: fit
     re-raises it with `state` at the last step finished whole (6 when the batch of step index 6
     never arrived; 5 when step 6 was computed but not finished), the records up to it, and training
     on from that state is the uninterrupted run, bit for bit. (Step 6's periodic checkpoint comes
-    before its callback: a Ctrl-C there leaves it on disk, one step past the state handed back.)"""
+    after its callback: a Ctrl-C in the callback leaves the checkpoint of step 5.)"""
     loss_fn, get_batch, opt, s0 = _setup()
     path = tmp_path / 'ckpt.safetensors'
     kw = dict(eval_every=1, checkpoint=path, checkpoint_every=1, progress=False)
@@ -236,11 +237,11 @@ def test_checkpoint_mismatch_errors(tmp_path):
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    _, _, opt, s0 = _setup()
+    loss_fn, get_batch, opt, s0 = _setup()
     path = tmp_path / 'c.safetensors'
     train.save_checkpoint(path, s0)
     before = path.read_bytes()
-    later = s0._replace(step=7)
+    later, _ = train.fit(loss_fn, s0, opt, get_batch, 7, progress=False)
     def crash(*a, **k): raise OSError("disk full (simulated)")
     monkeypatch.setattr(os, 'replace', crash)
     with pytest.raises(OSError, match="simulated"): train.save_checkpoint(path, later)
@@ -377,3 +378,127 @@ def test_fit_in_axes_must_match_the_batch():
         train.fit(loss_fn, s0, opt, get_batch, 2, progress=False, in_axes=0)
     with pytest.raises(ValueError, match='2 entries for a batch of 3'):
         train.fit(loss_fn, s0, opt, get_batch, 2, progress=False, in_axes=(0, 0))
+
+
+# --- run folders after a crash (issue 25 item 6): nothing non-finite saved, steps that lie -------
+
+def _inf_input_at(get_batch, step):
+    "Batches of `get_batch`, one input infinite at step index `step`: tanh saturates, loss finite."
+    def batch(k, t):
+        x, y, kd = get_batch(k, t)
+        if t == step: x = x.copy(); x[0, 0] = np.inf
+        return x, y, kd
+    return batch
+
+
+def test_fit_refuses_nan_gradients_without_clipping(tmp_path):
+    """clip_norm=None, a finite loss and NaN gradients (an infinite input through tanh: ∞·0): fit
+    stops naming the step and the leaf, before the update; the step is not logged and the last
+    good checkpoint stays, byte for byte (before: NaN parameters were saved over it)."""
+    loss_fn, get_batch, opt, s0 = _setup()
+    path, seen = tmp_path / 'ckpt.safetensors', []
+    def saving(rec):
+        seen.append(rec['step'])
+        if path.exists(): good.append(path.read_bytes())
+    good = []
+    nan_grad = r"step 3 the gradient of blocks\.0\.attn\.wq"
+    with np.errstate(invalid='ignore'), pytest.raises(optim.NonFiniteError, match=nan_grad):
+        train.fit(loss_fn, s0, opt, _inf_input_at(get_batch, 3), 8, callback=saving,
+                  checkpoint=path, checkpoint_every=2, progress=False)
+    assert seen == [1, 2, 3] and path.read_bytes() == good[-1]
+    assert train.load_checkpoint(path, like=s0).step == 2
+
+
+def test_fit_refuses_to_checkpoint_a_non_finite_state(tmp_path):
+    """Finite losses and gradients, but an optimizer state gone infinite (AdamW's second moment,
+    which only divides, so the loss never shows it): the step that would be checkpointed is
+    refused, naming the leaf; it is not logged and the checkpoint keeps the last good step."""
+    loss_fn, get_batch, opt, s0 = _setup()
+    class Overflowing:                              # AdamW whose nu overflows at its 10th update
+        init, learning_rate = staticmethod(opt.init), staticmethod(opt.learning_rate)
+        def update(self, grads, state, params):
+            params, state = opt.update(grads, state, params)
+            if int(state['step']) == 10:
+                nu = gd.tree_map(np.copy, state['nu']); nu['head']['b'][0] = np.inf
+                state = {**state, 'nu': nu}
+            return params, state
+    path, seen = tmp_path / 'ckpt.safetensors', []
+    with pytest.raises(optim.NonFiniteError, match=r"step 9, opt_state\.nu\.head\.b contains inf"):
+        train.fit(loss_fn, s0, Overflowing(), get_batch, 12, callback=lambda r: seen.append(
+            r['step']), checkpoint=path, checkpoint_every=5, progress=False)
+    assert seen == list(range(1, 10)) and train.load_checkpoint(path, like=s0).step == 5
+
+
+@pytest.mark.parametrize('case', ['nan param', 'inf moment', 'step -5', 'step 2.5', 'step True',
+                                  'step [1, 2]', 'step != optimizer', 'key float'])
+def test_save_checkpoint_refuses_what_load_would(tmp_path, case):
+    loss_fn, get_batch, opt, s0 = _setup()
+    st, _ = train.fit(loss_fn, s0, opt, get_batch, 3, progress=False)
+    path = tmp_path / 'c.safetensors'
+    train.save_checkpoint(path, st)
+    before = path.read_bytes()
+    head = {**st.params['head'], 'w': st.params['head']['w'].copy()}
+    bad, err = {
+        'nan param': (st._replace(params={**st.params, 'head': {**head, 'w': head['w'] * np.nan}}),
+                      optim.NonFiniteError),
+        'inf moment': (st._replace(opt_state={**st.opt_state, 'mu': gd.tree_map(
+            lambda a: a + np.float32(np.inf), st.opt_state['mu'])}), optim.NonFiniteError),
+        'step -5': (st._replace(step=-5), train.CheckpointError),
+        'step 2.5': (st._replace(step=2.5), train.CheckpointError),
+        'step True': (st._replace(step=True), train.CheckpointError),
+        'step [1, 2]': (st._replace(step=np.array([1, 2])), train.CheckpointError),
+        'step != optimizer': (st._replace(step=7), train.CheckpointError),
+        'key float': (st._replace(key=np.zeros(2)), train.CheckpointError),
+    }[case]
+    with pytest.raises(err, match=str(path)): train.save_checkpoint(path, bad)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ['c.safetensors']
+
+
+def _lie(flat, meta, case):
+    "The tensors and header metadata of a checkpoint `flat`/`meta` changed to tell `case`."
+    flat, meta = dict(flat), dict(meta)
+    if case == 'step -5': flat['step'] = np.int64(-5)
+    elif case == 'step float': flat['step'] = np.float64(3.0)
+    elif case == 'step shape': flat['step'] = np.array([3, 3], np.int64)
+    elif case == 'no step': del flat['step']
+    elif case == 'step != optimizer': flat['step'] = np.int64(2)
+    elif case == 'optimizer != step': flat['opt_state.step'] = np.int64(9)
+    elif case == 'header step': meta['step'] = '30'
+    elif case == 'header junk': meta['step'] = '-5' * 1000
+    elif case == 'key float': flat['key'] = np.zeros(2)
+    elif case == 'key shape': flat['key'] = np.zeros(3, np.uint64)
+    elif case == 'nan param': flat['params.head.w'] = flat['params.head.w'] * np.nan
+    elif case == 'inf moment': flat['opt_state.nu.head.b'] = flat['opt_state.nu.head.b'] + np.inf
+    return flat, meta
+
+
+LIES = ['step -5', 'step float', 'step shape', 'no step', 'step != optimizer', 'optimizer != step',
+        'header step', 'header junk', 'key float', 'key shape', 'nan param', 'inf moment']
+
+
+@pytest.mark.parametrize('like', [True, False])
+@pytest.mark.parametrize('case', LIES)
+def test_load_checkpoint_refuses_a_file_that_lies(tmp_path, case, like):
+    """A tampered checkpoint (step −5 ended in fold_in's ValueError; a step that disagrees with the
+    optimizer's count was accepted): `CheckpointError` naming the file, with or without `like`."""
+    from gradus.formats.safetensors import load_safetensors, save_safetensors
+    loss_fn, get_batch, opt, s0 = _setup()
+    st, _ = train.fit(loss_fn, s0, opt, get_batch, 3, progress=False)
+    path = tmp_path / 'c.safetensors'
+    train.save_checkpoint(path, st)
+    save_safetensors(path, *_lie(*load_safetensors(path, with_metadata=True), case))
+    with pytest.raises(train.CheckpointError, match=str(path)) as e:
+        train.load_checkpoint(path, like=s0 if like else None)
+    assert len(str(e.value)) < 400
+
+
+def test_fit_removes_stale_temporaries_of_its_checkpoint(tmp_path):
+    "A save killed mid-write leaves `.NAME.XXXXXXXX.tmp`; fit removes those, and no lookalike."
+    loss_fn, get_batch, opt, s0 = _setup()
+    path = tmp_path / 'c.safetensors'
+    stale = ['.c.safetensors.ab_4x9qz.tmp', '.c.safetensors.00000000.tmp']
+    kept = ['.c.safetensors.tmp', '.c.safetensors.ABCDEFGH.tmp', 'c.safetensors.abcdefgh.tmp',
+            '.c.safetensors.abcdefghi.tmp', '.d.safetensors.abcdefgh.tmp', 'notes.tmp']
+    for n in stale + kept: (tmp_path / n).write_text('x')
+    train.fit(loss_fn, s0, opt, get_batch, 2, checkpoint=path, checkpoint_every=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == sorted(kept + ['c.safetensors'])

@@ -6,11 +6,11 @@ writes a file."""
 
 # %% auto #0
 __all__ = ['SAFETENSORS_DTYPES', 'SAFETENSORS_UNPACKED_BITS', 'SAFETENSORS_BITS', 'SAFETENSORS_MAX_HEADER', 'NUMPY_MAX_DIMS',
-           'NUMPY_MAX_BYTES', 'atomic_write', 'save_safetensors', 'SafetensorsInfo', 'read_safetensors_header',
-           'load_safetensors']
+           'NUMPY_MAX_BYTES', 'atomic_write', 'stale_temporaries', 'save_safetensors', 'SafetensorsInfo',
+           'read_safetensors_header', 'load_safetensors']
 
 # %% ../../nbs/formats/17_safetensors.ipynb #d21bc813
-import json, math, os, struct, tempfile
+import errno, json, math, os, re, struct, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -39,22 +39,56 @@ _ST_NAME = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 SAFETENSORS_MAX_HEADER = 100_000_000  # bytes; the limit the reference implementation enforces
 
 # %% ../../nbs/formats/17_safetensors.ipynb #f485e752
+_TMP_RANDOM = '[a-z0-9_]{8}'   # the random part of a `tempfile.mkstemp` name
+
+def _fsync(path, folder=False):
+    """Flush the data of the file `path` (or, `folder=True`, the entries of a folder) to the disk.
+    A failure on a file raises `OSError` naming it; a folder that cannot be opened or synced
+    (Windows, file systems without directory fsync: EINVAL) is skipped."""
+    try: fd = os.open(path, os.O_RDONLY | (getattr(os, 'O_DIRECTORY', 0) if folder else 0))
+    except OSError as e:
+        if folder: return
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    try: os.fsync(fd)
+    except OSError as e:
+        if not (folder and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    finally: os.close(fd)
+
 def atomic_write(path, write_fn):
-    """Call `write_fn(tmp_path)` on a temporary file beside `path`, then rename it onto `path`
-    (atomic on POSIX): a crash leaves the old file or the new one, never half of one, and no
-    temporary file. The file gets the usual permissions (0666 less the umask), not the private
-    0600 of a temporary file."""
+    """Call `write_fn(tmp_path)` on a temporary file `.NAME.XXXXXXXX.tmp` beside `path`, fsync it,
+    rename it onto `path` (atomic on POSIX) and fsync the folder: after a crash or a power cut
+    `path` holds the old file or the new one, never half of one. A `write_fn`, fsync or rename that
+    raises leaves the old file and no temporary file, and an `OSError` without a file name gets
+    the temporary's (a full disk's ENOSPC from a buffered write names no file). A process killed
+    mid-write leaves its temporary: `stale_temporaries(path)` finds it. The file gets the usual
+    permissions (0666 less the umask), not the private 0600 of a temporary file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent or '.')
+    fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
     os.close(fd)
     try:
         write_fn(tmp)
         umask = os.umask(0); os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        _fsync(tmp)                                  # the bytes are on disk before the name
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp): os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, tmp) from e
         raise
+    _fsync(path.parent, folder=True)                 # and the rename is on disk too
+
+def stale_temporaries(path):
+    """The temporary files of `atomic_write(path, ...)` beside `path`, as sorted `Path`s: the names
+    it makes, `.NAME.` + 8 characters of `tempfile`'s alphabet + `.tmp`, and no other name. Such a
+    file outlives its writer only when the writer was killed mid-write, or is still writing:
+    remove them only where no other process writes (the training job holds a lock)."""
+    path = Path(path)
+    pattern = re.compile(re.escape(f'.{path.name}.') + _TMP_RANDOM + re.escape('.tmp'))
+    try: names = os.listdir(path.parent)
+    except OSError: return []
+    return sorted(path.parent / n for n in names if pattern.fullmatch(n))
 
 # %% ../../nbs/formats/17_safetensors.ipynb #678804d9
 def _checked_arrays(tensors, metadata):

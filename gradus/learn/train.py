@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 from ..core.pytree import (tree_to_dict, tree_from_dict, tree_flatten, tree_unflatten, tree_leaves,
-                           tree_map)
+                           tree_map, tree_flatten_with_path, keystr)
 from ..core.autograd import value_and_grad
 from ..core.dtype import is_float
 from ..errors import DTypeError
@@ -23,7 +23,7 @@ from ..core.cache import Transformed
 from ..errors import ShapeError
 from ..core import kernels
 from . import random
-from ..formats.safetensors import save_safetensors, load_safetensors
+from ..formats.safetensors import save_safetensors, load_safetensors, stale_temporaries
 from .optim import clip_by_global_norm
 from ..errors import NonFiniteError
 
@@ -112,8 +112,28 @@ def _due(t, every, steps):
     "Whether a thing done every `every` steps (and after the last) is due after step `t`."
     return bool(every and (t + 1) % every == 0) or t + 1 == steps
 
+def _non_finite(tree, prefix=()):
+    """`(name, value, count, size)` of the first float leaf of `tree` holding a NaN or an inf (its
+    dotted path after `prefix`, one such value, how many, of how many), or None. Each leaf is first
+    summed in float64 (a NaN or inf survives a sum; float32 values cannot overflow it), and only a
+    leaf whose sum is not finite is searched element by element: one pass, no temporary array."""
+    with np.errstate(invalid='ignore', over='ignore'):     # inf + -inf: a NaN, not a warning
+        for path, x in tree_flatten_with_path(tree, prefix):
+            a = np.asarray(x)
+            if not is_float(a.dtype) or math.isfinite(float(np.sum(a, dtype=np.float64))): continue
+            bad = ~np.isfinite(a)
+            if bad.any(): return keystr(path) or '<root>', a[bad][0], int(bad.sum()), a.size
+    return None
+
+def _refuse_non_finite(tree, what, prefix=()):
+    "Raise `NonFiniteError` naming the first non-finite leaf of `tree`, after `what`."
+    found = _non_finite(tree, prefix)
+    if found:
+        name, v, n, size = found
+        raise NonFiniteError(f"{what} {name} contains {v} ({n} of {size} elements non-finite)")
+
 def _train_step(vg, opt, params, opt_state, batch, t, clip_norm):
-    """One update: loss and gradients, the finiteness check, clipping, the optimizer. Returns
+    """One update: loss and gradients, the finiteness checks, clipping, the optimizer. Returns
     `(params, opt_state, record)`."""
     value, grads = vg(params, *batch)
     loss = float(value)
@@ -122,6 +142,7 @@ def _train_step(vg, opt, params, opt_state, batch, t, clip_norm):
     if clip_norm is not None:
         try: grads, rec['grad_norm'] = clip_by_global_norm(grads, clip_norm)
         except NonFiniteError as e: raise NonFiniteError(f"step {t}: {e}") from None
+    else: _refuse_non_finite(grads, f"fit: at step {t} the gradient of")
     params, opt_state = opt.update(grads, opt_state, params)
     return params, opt_state, rec
 
@@ -137,14 +158,17 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
     global-norm clipping threshold or None; `eval_fn(params) -> dict` run every `eval_every` steps
     and after the last; `callback(record)` for logging; `progress`: show a tqdm bar; `checkpoint`: a
     path written with `save_checkpoint` every `checkpoint_every` steps and after the last (after
-    that step's evaluation, before its callback); `in_axes`: None (each step on this thread), or
-    for each element of the batch tuple 0, None or 'key', and then each step runs as
-    `data_parallel` over `kernels.threads()` shards (the loss must be a mean over the batch).
-    Raises `NonFiniteError` naming the step of a
-    NaN/inf loss or gradient, and whatever `loss_fn`'s tracing raises (`ShapeError`, `DTypeError`,
-    `TracerError`). Interrupted (Ctrl-C), it re-raises the `KeyboardInterrupt` with two attributes:
-    `state`, the `TrainState` after the last step whose record, evaluation, checkpoint and callback
-    all completed (a state to resume from), and `history`, the records up to that step."""
+    that step's evaluation and callback, so that what the callback logged is never behind the
+    checkpoint; `atomic_write`'s temporaries of it, left by a killed run, are removed at the
+    start); `in_axes`: None (each step on this thread), or for each element of the batch tuple 0,
+    None or 'key', and then each step runs as `data_parallel` over `kernels.threads()` shards (the
+    loss must be a mean over the batch). Raises `NonFiniteError` naming the step of a NaN/inf loss,
+    gradient (and its leaf), or of new parameters or optimizer state about to be checkpointed (and
+    the leaf: that step is neither logged nor saved, and the checkpoint keeps the last good state),
+    and whatever `loss_fn`'s tracing raises (`ShapeError`, `DTypeError`, `TracerError`).
+    Interrupted (Ctrl-C), it re-raises the `KeyboardInterrupt` with two attributes: `state`, the
+    `TrainState` after the last step whose record, evaluation, callback and checkpoint all
+    completed (a state to resume from), and `history`, the records up to that step."""
     steps = int(steps)
     if steps < state.step:
         raise ValueError(f"fit: steps={steps} is before the state's step {state.step}")
@@ -155,6 +179,8 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
                             f"{in_axes!r}")
         vg = data_parallel(vg, (None, *in_axes))
     params, opt_state, key_ = state.params, state.opt_state, state.key
+    if checkpoint is not None:
+        for p in stale_temporaries(checkpoint): p.unlink(missing_ok=True)   # a killed save's
     history, t0, done = [], time.perf_counter(), state     # done: the last step finished whole
     bar = tqdm(total=steps, initial=state.step, unit='step', disable=not progress,
                dynamic_ncols=True)
@@ -167,12 +193,16 @@ def fit(loss_fn, state, opt, get_batch, steps, *, clip_norm=None, eval_fn=None, 
                                  f"batch of {len(batch)}")
             params, opt_state, rec = _train_step(vg, opt, params, opt_state, batch, t, clip_norm)
             rec['elapsed_s'] = time.perf_counter() - t0
+            save = checkpoint is not None and _due(t, checkpoint_every, steps)
+            if save:   # nothing non-finite is logged as a good step, nor saved over a good one
+                _refuse_non_finite({'params': params, 'opt_state': opt_state},
+                                   f"fit: not saved to {checkpoint} (it keeps its last good "
+                                   f"state): after the update of step {t},")
             evaluated = eval_fn is not None and _due(t, eval_every, steps)
             if evaluated: rec.update(eval_fn(params))
-            if checkpoint is not None and _due(t, checkpoint_every, steps):
-                save_checkpoint(checkpoint, TrainState(params, opt_state, t + 1, key_))
             history.append(rec)
             if callback is not None and ((t + 1) % log_every == 0 or evaluated): callback(rec)
+            if save: save_checkpoint(checkpoint, TrainState(params, opt_state, t + 1, key_))
             done = TrainState(params, opt_state, t + 1, key_)   # one assignment: never half a step
             if progress:
                 shown = {k: f"{v:.4g}" for k, v in rec.items() if k not in ('step', 'elapsed_s')}
@@ -282,7 +312,7 @@ def data_parallel(vg, in_axes, threads=None):
     return parallel
 
 # %% ../../nbs/learn/13_train.ipynb #18cbe5cd
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FormatError
 
 def _named_leaves(state):
     tree = {'params': state.params, 'opt_state': state.opt_state,
@@ -291,29 +321,77 @@ def _named_leaves(state):
     except ValueError as e: raise CheckpointError(f"checkpoint: {e}") from None
     return tree, {k: np.asarray(v) for k, v in flat.items()}
 
+def _step_of(v, name, path, who):
+    "The step in tensor `name` of checkpoint `path`: a 0-d integer >= 0, else `CheckpointError`."
+    a = np.asarray(v)
+    if a.shape != () or a.dtype.kind not in 'iu' or int(a) < 0:
+        shown = a.tolist() if a.size <= 4 else f"{a.size} values"
+        raise CheckpointError(f"{who}: {path}: {name} is {shown!r} ({a.dtype}{list(a.shape)}); a "
+                              f"step counts updates: one integer >= 0")
+    return int(a)
+
+def _check_counts(flat, path, who, meta=None):
+    """The step of checkpoint tensors `flat` (at `path`), after checking what must agree with it:
+    the optimizer's count of updates `opt_state.step`, the header's `step` (`meta`), a `key` of
+    `uint64[2]`. Raises `CheckpointError` naming `path` and the value."""
+    if 'step' not in flat: raise CheckpointError(f"{who}: {path}: no tensor named 'step'")
+    step = _step_of(flat['step'], 'step', path, who)
+    if 'opt_state.step' in flat:
+        n = _step_of(flat['opt_state.step'], 'opt_state.step', path, who)
+        if n != step:
+            raise CheckpointError(f"{who}: {path}: step {step}, but the optimizer state has "
+                                  f"counted {n} updates (opt_state.step); they must agree")
+    if meta and 'step' in meta and meta['step'] != str(step):
+        raise CheckpointError(f"{who}: {path}: the header says step {meta['step'][:40]!r}, the "
+                              f"tensor step is {step}")
+    if 'key' in flat:
+        k = np.asarray(flat['key'])
+        if k.dtype != np.uint64 or k.shape != (2,):
+            raise CheckpointError(f"{who}: {path}: tensor 'key' is {k.dtype}{list(k.shape)}, "
+                                  f"expected uint64[2] (a random.key)")
+    return step
+
 def save_checkpoint(path, state, metadata=None):
-    """Write `state` (a `TrainState`) to `path` as safetensors, atomically (temporary file, then
-    rename), tensor names `params.…`, `opt_state.…`, `step`, `key`. `metadata`: optional `dict[str,
-    str]`, stored in the header with `format` and `step`. Raises `CheckpointError` for a dict key
-    that cannot be a path component and `gradus.errors.FormatError` for an unsupported dtype.
-    """
+    """Write `state` (a `TrainState`) to `path` as safetensors, atomically (temporary file, fsync,
+    rename: `atomic_write`), tensor names `params.…`, `opt_state.…`, `step`, `key`. `metadata`:
+    optional `dict[str, str]`, stored in the header with `format` and `step` (the state's step
+    wins). Refuses what `load_checkpoint` would refuse: `NonFiniteError` naming the first tensor
+    with a NaN or inf (the file at `path` is left as it was), `CheckpointError` for a step that is
+    not one integer >= 0 or differs from the optimizer's count (`opt_state['step']`), a key that
+    is not `uint64[2]`, or a dict key that cannot be a path component;
+    `gradus.errors.FormatError` for an unsupported dtype."""
+    _step_of(state.step, 'the state\'s step', path, 'save_checkpoint')
     _, flat = _named_leaves(state)
-    meta = {'format': 'gradus checkpoint', 'step': str(int(state.step)), **(metadata or {})}
+    step = _check_counts(flat, path, 'save_checkpoint')
+    _refuse_non_finite(flat, f"save_checkpoint: {path} not written (it keeps what it held): "
+                             f"tensor")
+    meta = {'format': 'gradus checkpoint', **(metadata or {}), 'step': str(step)}
     save_safetensors(path, flat, metadata=meta)
 
 def load_checkpoint(path, like=None):
     """Read a checkpoint written by `save_checkpoint` into a `TrainState`. With `like` (a
     `TrainState` of the same model and optimizer, e.g. freshly initialised) the result has `like`'s
     tree structure, and `CheckpointError` names the first missing or unexpected tensor or the first
-    shape/dtype mismatch. `step` comes back as an int. Raises `gradus.errors.FormatError` for a
-    corrupt file, `FileNotFoundError` for a missing one."""
-    flat = load_safetensors(path)
+    shape/dtype mismatch. `step` comes back as an int. Raises `CheckpointError` naming `path` for a
+    file that lies: a step that is not one integer >= 0, a step that differs from the optimizer's
+    count (`opt_state.step`) or from the header's, a key that is not `uint64[2]`, a tensor with a
+    NaN or inf (which `save_checkpoint` never writes); `gradus.errors.FormatError` naming `path`
+    for a corrupt file, `FileNotFoundError` for a missing one."""
+    try: flat, meta = load_safetensors(path, with_metadata=True)
+    except FormatError as e:
+        raise FormatError(f"load_checkpoint: {path}: {e}") from None
+    step = _check_counts(flat, path, 'load_checkpoint', meta)
+    found = _non_finite(flat)
+    if found:
+        raise CheckpointError(f"load_checkpoint: {path}: tensor {found[0]!r} contains {found[1]} "
+                              f"({found[2]} of {found[3]} elements non-finite); a checkpoint "
+                              f"holds finite values only")
     if like is None:
         tree = tree_from_dict(flat)
         missing = [k for k in ('params', 'opt_state', 'step', 'key') if k not in tree]
         if missing:
             raise CheckpointError(f"load_checkpoint: {path}: no tensor named {missing[0]!r}")
-        return TrainState(tree['params'], tree['opt_state'], int(tree['step']), tree['key'])
+        return TrainState(tree['params'], tree['opt_state'], step, tree['key'])
     tree, want = _named_leaves(like)
     for name in want:
         if name not in flat:
@@ -326,5 +404,4 @@ def load_checkpoint(path, like=None):
     if extra: raise CheckpointError(f"load_checkpoint: {path} has unexpected tensor {extra[0]!r}")
     td = tree_flatten(tree)[1]
     restored = tree_unflatten(td, [flat[n] for n in want])
-    return TrainState(restored['params'], restored['opt_state'], int(restored['step']),
-                      restored['key'])
+    return TrainState(restored['params'], restored['opt_state'], step, restored['key'])
