@@ -26,14 +26,18 @@ class GradCheckError(GradusError, AssertionError):  # core/07_autograd.ipynb
     element."""
 
 class NonFiniteError(GradusError, FloatingPointError):  # learn/12_optim.ipynb
-    "A NaN or infinite loss or gradient; the message names the leaf (and step) where it appeared."
+    """A NaN or infinite value where only finite ones are meaningful: a loss or gradient, the
+    parameters a checkpoint would keep, a model's logits or a stage of the fused decode engine;
+    the message names the leaf, the tensor (and block) or the step where it appeared."""
 
 class CheckpointError(GradusError, ValueError):  # learn/13_train.ipynb
-    """A checkpoint that does not fit: a missing or unexpected tensor, or a shape or dtype that
-    differs; names the tensor."""
+    """A checkpoint that does not fit or lies: a missing or unexpected tensor, a shape or dtype
+    that differs, a step that disagrees with the optimizer's count or the header, a NaN; or a
+    resume with other settings. Names the file and the tensor or setting."""
 
 class DataError(GradusError, ValueError):  # jobs/16a_shakespeare_run.ipynb
-    "A training text that cannot be used: missing, empty, not UTF-8, or too short for one block."
+    """A training text that cannot be used (missing, empty, not UTF-8, too short for one block),
+    or a run folder that cannot be made, written or locked (`--out`)."""
 
 class ConfigError(GradusError, ValueError):  # jobs/16a_shakespeare_run.ipynb
     "A run setting out of its range; the message names the flag."

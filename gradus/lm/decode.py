@@ -15,7 +15,7 @@ import numpy as np
 from ..core import kernels
 from ..transformer.attention import causal_mask
 from ..learn import random as R
-from ..errors import CacheError, ShapeError
+from ..errors import CacheError, NonFiniteError, ShapeError
 from .sampling import GenerationConfig, sample, is_int
 from .stream import StopScan, text_stream
 
@@ -233,7 +233,8 @@ def _blas_threads(widths, n):
     return kernels.one_blas_thread() if widths is None else kernels.blas_threads_for(n, *widths)
 
 def _run_step(g, tokens, pos):
-    "Logits `(vocab,)` of the last of `tokens` at `pos`; checks the step's output and cache commit."
+    """Logits `(vocab,)` of the last of `tokens` at `pos`; checks the step's output (its shape, no
+    NaN or +inf) and cache commit."""
     n = len(tokens)
     with _blas_threads(g.widths, n):
         logits = np.asarray(g.step(np.asarray(tokens, np.int64), pos))
@@ -244,6 +245,12 @@ def _run_step(g, tokens, pos):
     if g.cache is not None and g.cache.length != pos + n:
         raise CacheError(f"generate: after step(tokens, pos={pos}) of {n} tokens the cache length "
                          f"is {g.cache.length}, not {pos + n} (the step must write and commit it)")
+    bad = np.flatnonzero(~(logits < np.inf))                # NaN or +inf (−inf: a token removed)
+    if bad.size:
+        raise NonFiniteError(f"generate: step(tokens, pos={pos}) of {n} tokens returned logits "
+                             f"that are not finite: {logits[bad[0]]} at index {bad[0]} ({bad.size} "
+                             f"of {logits.size}); a weight or setting of the model is not finite, "
+                             f"or a value overflowed")
     return logits
 
 def _eog_ids(config, tokenizer):
