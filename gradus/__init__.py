@@ -39,6 +39,8 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `lm.qkernels`: `qmatvec`, a mat-vec over quantized blocks; the row kernels of decode
   - `lm.engine`: the fused decode step
   - `lm.chat`: `gradus generate` and `gradus chat`
+  - `lm.qlinear`: the frozen quantized linear, a primitive with its VJP; the forward's three ops
+  - `lm.lora`: low-rank adapters beside the frozen model: `init`, `attach`, `merge`
 - `gradus.scale`, beyond one machine (builds on learn):
   - `scale.lowering`: gradus graphs on JAX, across devices and processes
 - `gradus.jobs`, the jobs (build on everything):
@@ -54,6 +56,7 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `exercises.blocks`: checks of the exercises of lessons 18 and 25
   - `exercises.decoding`: checks of the exercises of lessons 22 and 23
   - `exercises.models`: checks of the exercises of lessons 24, 26 and 27
+  - `exercises.adapting`: checks of the exercises of lessons 31 and 32
   - `exercises.scale`: checks of the exercises of lesson 28
 - `gradus.__main__`: `python -m gradus`
 
@@ -89,8 +92,10 @@ Modules:
 - `gradus.lm.chat`: `gradus generate "prompt"` and `gradus chat`: choose a model (`--model`, `--gguf`), run it through `models.stepper` (the fused decode kernels where they apply, the models' cached forward elsewhere), stream the text, and in a chat keep the KV cache from one turn to the next so that each turn prefills only its own tokens.
 - `gradus.lm.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers) and the attention hook it gives a model's forward; `cached_step`, a model's step over it; `generate`, which drives any model's `step(tokens, pos)` with the sampler of `gradus.lm.sampling`; the decode-parity harness; what the cache buys, measured.
 - `gradus.lm.engine`: One token at a time, as one parallel region whose workers claim rows from atomic counters: the row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per layer, a decode step proved against `models.apply`. The engine implements Llama's options and refuses every other (`unsupported`, `check`); `models.stepper` runs one-token steps on it where it applies (and so do the `gradus generate` and `gradus chat` commands of `gradus.lm.chat`).
+- `gradus.lm.lora`: LoRA (Hu et al. 2021) as an explicit pytree beside the frozen parameters: `init` draws `A` and zeros `B`, `attach` puts an `Adapted` node (31_qlinear) in place of each targeted matrix, so that `models.forward` runs `W x + (α/r)·B(A x)` unchanged and its first step is the base model bit for bit; only the adapters are arguments, so only they get gradients and optimizer state; `merge` folds `W + (α/r)·B A` into float32 matrices, equal to the unmerged forward.
 - `gradus.lm.models`: Decoder-only language models run from GGUF files: hyperparameters from the metadata, weights kept in their block formats, one forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention) whose options cover two families, Llama (SmolLM2-135M) and Gemma 3 (270M); `from_gguf` and `apply`. And the one inference path of gradus: `new_cache` for any model's config (these two families' and the GPT's) and `stepper`, the step `decode.generate` drives, on the fused engine (`engine`) where it implements the model and on `forward` (or `gpt.apply`) elsewhere.
 - `gradus.lm.qkernels`: One decode token reads every weight once, so a model multiplies its matrices in their stored GGML blocks: `qmatvec` keeps `x` in float32 (`exact=True`, the block formats' own kernels) or rounds it to int8 blocks as llama.cpp does (`exact=False`, a row kernel that reads Q4_0, Q4_1 and Q8_0 blocks), proved against `dense(W) @ x`. The engine's faster row kernels (four rows a pass, float16 scales through `fpext`, prefetch) and its atomics are in the companion, 25a.
+- `gradus.lm.qlinear`: `qlinear(W, x)` is `x @ dense(W)ᵀ` with `W` kept in its GGML blocks: a primitive whose VJP, `dy @ dense(W)`, is a second primitive that decodes `W` a row block at a time, never a float32 copy of the whole model. `W` is a constant of the graph, and asking for its gradient is a typed error. `linear`, `head` and `embed` are the three ops `models.forward` calls where it reads blocks, which make it traceable while its inference stays what it is, bit for bit; `Adapted` is the node a LoRA adapter attaches (the next lesson); `activation_bytes` is what a backward through SmolLM2 keeps.
 - `gradus.lm.stream`: Streaming the text of a generation: the bytes of a UTF-8 character that has not arrived whole, and any tail that could begin a stop string, are held back until they are known. `StopScan`, `PlainStream` and `text_stream`, which `decode.generate` uses; a companion of the decode notebook (23), which a learner may skip.
 - `gradus.scale.lowering`: `to_jax(f, *example_args)`: the graph gradus traces for `f` (forward, generated backward, the whole training step) run by one JAX rule per primitive; data-parallel training over a device mesh (`jax.jit` with `NamedSharding`, and `shard_map` with `pmean`); the same step across processes.
 - `gradus.transformer.attention`: Attention built up a step at a time: a weighted average of the past as a matrix product, weights from scores through a masked softmax (causal and sliding-window masks), scaled dot-product attention, one head, many heads, grouped-query heads, rotary position embeddings (RoPE), and the pre-LayerNorm transformer block. The causal softmax's numba kernel is the companion, 14a_causal_softmax.
@@ -141,6 +146,8 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `lm.qkernels`: `qmatvec`, a mat-vec over quantized blocks; the row kernels of decode
   - `lm.engine`: the fused decode step
   - `lm.chat`: `gradus generate` and `gradus chat`
+  - `lm.qlinear`: the frozen quantized linear, a primitive with its VJP; the forward's three ops
+  - `lm.lora`: low-rank adapters beside the frozen model: `init`, `attach`, `merge`
 - `gradus.scale`, beyond one machine (builds on learn):
   - `scale.lowering`: gradus graphs on JAX, across devices and processes
 - `gradus.jobs`, the jobs (build on everything):
@@ -156,6 +163,7 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `exercises.blocks`: checks of the exercises of lessons 18 and 25
   - `exercises.decoding`: checks of the exercises of lessons 22 and 23
   - `exercises.models`: checks of the exercises of lessons 24, 26 and 27
+  - `exercises.adapting`: checks of the exercises of lessons 31 and 32
   - `exercises.scale`: checks of the exercises of lesson 28
 - `gradus.__main__`: `python -m gradus`"""
 

@@ -103,13 +103,13 @@ RANKS = {
     'formats.safetensors': 0, 'formats.quants': 1, 'formats.gguf': 2, 'formats.spm': 2,
     'formats.tokenizer': 3,
     'lm.sampling': 0, 'lm.qkernels': 0, 'lm.stream': 0.5, 'lm.decode': 1, 'lm.engine': 1.5,
-    'lm.models': 2, 'lm.chat': 4,
+    'lm.qlinear': 1.8, 'lm.models': 2, 'lm.lora': 3, 'lm.chat': 4,
     'scale.lowering': 0,
     'jobs.shakespeare': 0, 'jobs.cli': 1,
     'exercises.checking': 0, 'exercises.core': 1, 'exercises.learn': 1,
     'exercises.transformer': 1, 'exercises.jobs': 1, 'exercises.formats': 1, 'exercises.lm': 1,
     'exercises.scale': 1, 'exercises.graphs': 1, 'exercises.blocks': 1,
-    'exercises.decoding': 1, 'exercises.models': 1,
+    'exercises.decoding': 1, 'exercises.models': 1, 'exercises.adapting': 1,
 }
 UNRANKED = {'__init__', '_modidx'}   # the package's front door (and nbdev's index) import anything
 

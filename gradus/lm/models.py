@@ -10,8 +10,8 @@ drives, on the fused engine (`engine`) where it implements the model and on `for
 
 # %% auto #0
 __all__ = ['SUPPORTED_ARCHITECTURES', 'MATRIX_TYPES', 'ARCHITECTURE_OPTIONS', 'GATES', 'GEMMA3_GLOBAL_EVERY',
-           'GEMMA3_LOCAL_ROPE_BASE', 'DecoderConfig', 'read_config', 'QTensor', 'from_gguf', 'dense', 'embed',
-           'forward', 'apply', 'new_cache', 'stepper']
+           'GEMMA3_LOCAL_ROPE_BASE', 'DecoderConfig', 'read_config', 'from_gguf', 'embed', 'forward', 'apply',
+           'new_cache', 'stepper']
 
 # %% ../../nbs/lm/24_models.ipynb #llama002
 import math, re
@@ -22,8 +22,9 @@ from ..transformer import gpt
 from . import decode, engine
 from ..transformer.attention import apply_rope, causal_mask, scaled_dot_product_attention
 from ..formats.gguf import open_gguf
-from ..formats.quants import GGMLType, MATVEC_TYPES, dequantize
-from .qkernels import qmatvec
+from ..formats.quants import GGMLType
+from . import qlinear
+from .qlinear import QTensor, dense  # noqa: F401 (`models.dense`, as readers call it)
 from ..core import kernels
 from ..errors import FormatError
 
@@ -281,17 +282,6 @@ ARCHITECTURE_OPTIONS = {'llama': lambda g, c: c}  # family -> f(file, config) ->
 
 
 # %% ../../nbs/lm/24_models.ipynb #llama010
-class QTensor(NamedTuple):
-    """A weight matrix kept in its GGML block format: `blocks` uint8 `(rows, row_bytes)` exactly as
-    the file stores them (one row of blocks per output feature), `type` (`GGMLType`), `shape`
-    `(rows, cols)` in weights. It multiplies as `W @ x` (ggml order: `x` has `cols` entries)."""
-
-    blocks: np.ndarray
-    type: GGMLType
-    shape: tuple
-
-
-
 def _matrix(g, name, shape):
     t = _tensor(g, name, shape, 'matrix')
     rows, step = shape[0], max(1, g.caps['max_read'] // t.row_bytes)
@@ -335,26 +325,18 @@ def from_gguf(path):
 
 
 # %% ../../nbs/lm/24_models.ipynb #llama014
-def dense(w: QTensor, rows=None) -> np.ndarray:
-    "float32 `(r1 − r0, cols)` of rows `rows=(r0, r1)` of `w` (default: all), `quants.dequantize`d."
-    r0, r1 = (0, w.shape[0]) if rows is None else rows
-    return dequantize(w.blocks[r0:r1], w.type).reshape(r1 - r0, w.shape[1])
-
-
 def embed(params, tokens) -> np.ndarray:
     """Embedding rows `(len(tokens), dim)` float32 of the 1-D int `tokens`, decoding only those
     rows. Raises `IndexError` naming the first id outside `[0, vocab)`."""
-    e, t = params['embed'], np.asarray(tokens, np.int64)
-    bad = (t < 0) | (t >= e.shape[0])
-    if bad.any(): raise IndexError(f"token id {t[bad][0]} outside [0, {e.shape[0]})")
-    return dequantize(e.blocks[t], e.type).reshape(t.size, e.shape[1])
+    return qlinear.embed(params['embed'], tokens)
+
 
 # %% ../../nbs/lm/24_models.ipynb #llama016
 def _linear(w, x):
-    "`x (T, cols) @ Wᵀ -> (T, rows)`; one row through `qkernels.qmatvec` where it has the type."
-    if x.shape[0] == 1 and w.type in MATVEC_TYPES:
-        return qmatvec(w.blocks, w.type, x[0])[None]
-    return nn.linear({'w': dense(w).T}, x)
+    """`x (T, cols) @ Wᵀ -> (T, rows)`: `qlinear.linear` (one float32 row through
+    `qkernels.qmatvec` where it has the type, else one GEMM on `dense(w)`; a traced op on tracers;
+    an `Adapted` matrix adds its low-rank update)."""
+    return qlinear.linear(w, x)
 
 
 def _rms(scale, x, c): return nn.rms_norm({'scale': scale}, x, c.norm_eps)
@@ -403,16 +385,11 @@ def _block(lp, x, c, pos, layer, cache):
     return x + (_rms(lp['post_ffn_norm'], m, c) if c.sandwich_norms else m)
 
 
-def _head(params, x, c, chunk=8192):
-    "Logits `(t, vocab)` of final hidden states; the output matrix decoded `chunk` rows at once."
-    x, w = _rms(params['norm'], x, c), params['output']
-    if x.shape[0] == 1 and w.type in MATVEC_TYPES:
-        return qmatvec(w.blocks, w.type, x[0])[None]
-    out = np.empty((x.shape[0], c.vocab_size), np.float32)
-    for r0 in range(0, c.vocab_size, chunk):
-        r1 = min(c.vocab_size, r0 + chunk)
-        out[:, r0:r1] = x @ dense(w, (r0, r1)).T
-    return out
+def _head(params, x, c, chunk=qlinear.HEAD_ROWS):
+    """Logits `(t, vocab)` of final hidden states: `qlinear.head` of the normed states (on arrays,
+    the output matrix decoded `chunk` rows at once; one float32 row through `qmatvec`)."""
+    return qlinear.head(params['output'], _rms(params['norm'], x, c), chunk)
+
 
 # %% ../../nbs/lm/24_models.ipynb #llama018
 def forward(params, tokens, config, cache=None, pos=0, last_only=False) -> np.ndarray:
@@ -521,7 +498,9 @@ def stepper(params, config, cache, exact=False, all_logits=False, fused=None):
     `generate` without the cache samples on past `block_size`). Returns the last row `(vocab,)`,
     or all rows `(n, vocab)` with `all_logits` (as `decode.decode_parity` needs). Raises
     `ValueError` when the cache's layers, heads or windows are not the model's, `TypeError` for
-    another config."""
+    another config, `ConfigError` for a setting with which no step is finite
+    (`engine.check_settings`), and `NonFiniteError` for a step whose logits are not finite, naming
+    the weight that holds a NaN or inf (`engine.nonfinite_error`; the cache keeps none of it)."""
     if isinstance(config, gpt.GPTConfig):
         c = config
         _fits(cache, c.n_layer, c.n_head, c.n_embd // c.n_head, [None] * c.n_layer)
@@ -532,6 +511,7 @@ def stepper(params, config, cache, exact=False, all_logits=False, fused=None):
         raise TypeError(f"stepper: unknown config {type(config).__name__}")
     _fits(cache, config.n_layers, config.n_kv_heads, config.head_dim,
           list(config.windows) or [None] * config.n_layers)
+    engine.check_settings(config)
     if fused: engine.check(params, config)
     if fused is None: fused = cache.k.dtype == np.float32 and not engine.unsupported(params, config)
     ws = engine.workspace(params, config, cache.capacity) if fused else None
@@ -540,6 +520,10 @@ def stepper(params, config, cache, exact=False, all_logits=False, fused=None):
         t = np.asarray(tokens, np.int64)
         if ws is not None and t.size == 1:
             out = engine.decode_step(params, config, cache, int(t[0]), int(pos), ws, exact)[None]
-        else: out = forward(params, t, config, cache, int(pos), last_only=not all_logits)
+        else:
+            out = forward(params, t, config, cache, int(pos), last_only=not all_logits)
+            if not np.isfinite(out).all():   # nothing of a step that is not finite is kept
+                cache.truncate(int(pos))
+                raise engine.nonfinite_error(params, config, f"step at position {pos}")
         return out if all_logits else out[-1]
     return step
