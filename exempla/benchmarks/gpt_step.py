@@ -6,7 +6,8 @@ run. PyTorch is used only when it is importable (it is not a gradus dependency).
 alternation at each thread count n (`gradus.core.kernels.set_threads(n)`: gradus splits the batch
 over
 n threads, `train.data_parallel`; `torch.set_num_threads(n)`: PyTorch splits each operation);
-prints the medians and their ratios, the machine load before and after, and gradus under
+prints the CPU (model name, the CPU numba compiles for, each BLAS loaded with its kernel), the
+medians and their ratios, the machine load before and after, and gradus under
 `kernels.ThreadTuner`, which picks the count as it goes. `--busy K` starts K spinning processes
 first (a neighbour holding a core); `--plain` adds gradus without its hand-written
 kernels
@@ -135,6 +136,25 @@ def tuned(step, batches, max_threads, warmup=3):
     return 1000 * float(np.median(ts)), counts
 
 
+def machine_line():
+    """Which CPU this is: its model name (`/proc/cpuinfo`), the CPU numba compiles for (LLVM's
+    host name) and whether it may emit AVX-512, and each BLAS loaded (whose: numpy's, scipy's) with
+    its version and kernel (threadpoolctl's report)."""
+    model = next((ln.split(':', 1)[1].strip() for ln in open('/proc/cpuinfo')
+                  if ln.startswith('model name')), platform.processor() or '?') \
+        if os.path.exists('/proc/cpuinfo') else platform.processor() or '?'
+    try:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features()
+        isa = f"{llvm.get_host_cpu_name()}{' avx512f' if feats.get('avx512f') else ''}"
+    except Exception as e: isa = f'? ({type(e).__name__})'
+    from threadpoolctl import threadpool_info
+    def owner(i): return os.path.basename(os.path.dirname(i['filepath'])).split('.')[0]  # numpy
+    blas = ', '.join(f"{owner(i)}'s {i['internal_api']} {i['version']} {i.get('architecture', '?')}"
+                     for i in threadpool_info() if i['user_api'] == 'blas') or 'none found'
+    return f"cpu: {model} | numba target: {isa} | blas: {blas}"
+
+
 def positive(text):
     "argparse type: an int >= 1."
     n = int(text)
@@ -166,6 +186,7 @@ def main():
                for _ in range((a.rounds + 1) * a.block)]
     print(f"machine: {platform.machine()} cpus={os.cpu_count()} numpy={np.__version__} "
           f"kernels={'off' if a.no_kernels else 'on'} busy loops={a.busy}")
+    print(machine_line())
     procs = busy_loops(a.busy)
     try:
         time.sleep(1 if a.busy else 0)

@@ -136,15 +136,21 @@ _FAST = {'reassoc', 'contract'}    # LLVM may vectorise the row sums; nothing as
 @njit(cache=True, fastmath=_FAST, nogil=True)
 def _row_stats(x, i, center, eps):
     """Mean of row `i` of `x` `(n, d)` (0 unless `center`) and `r = 1/√(mean((x − mean)²) + eps)`,
-    in float64, the row divided by `s = max(max|x − mean|, 1)` before squaring (`_normalise`)."""
+    in float64. A float64 row is divided by `s = max(max|x − mean|, 1)` before squaring
+    (`_normalise`); a float32 row needs no `s`: its squares (below 5e77) are finite in float64."""
     d = x.shape[1]
     mu = 0.0
     if center:
         for j in range(d): mu += x[i, j]
         mu /= d
+    ss = 0.0
+    if x.itemsize <= 4:        # float32: no max pass (LLVM does not vectorise a max without nnan)
+        for j in range(d):
+            u = x[i, j] - mu
+            ss += u * u
+        return mu, 1.0 / np.sqrt(ss / d + eps)
     s = 1.0
     for j in range(d): s = max(s, abs(x[i, j] - mu))
-    ss = 0.0
     for j in range(d):
         u = (x[i, j] - mu) / s
         ss += u * u
