@@ -266,15 +266,24 @@ def test_ctrl_c_checkpoints_and_prints_the_command_that_resumes(corpus, tmp_path
              '--eval-interval', '400', '--eval-iters', '1', '--batch-size', '4', '--block-size',
              '16', '--n-layer', '1', '--n-head', '2', '--n-embd', '16', '--warmup', '10',
              '--sample-len', '10', '--threads', '1', '--no-progress']
-    p = subprocess.Popen([sys.executable, '-m', 'gradus', 'shakespeare', *flags], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A child inherits an ignored SIGINT (and Python then installs no KeyboardInterrupt for it):
+    # this process may have been started so (a test runner's worker), so the child gets the
+    # default disposition, as a command started from a terminal has.
+    ignored = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # reset to SIG_DFL across exec
+    try:
+        p = subprocess.Popen([sys.executable, '-m', 'gradus', 'shakespeare', *flags],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    finally:
+        if ignored is not None: signal.signal(signal.SIGINT, ignored)
     log, deadline = tmp_path / 'cut' / 'metrics.jsonl', time.monotonic() + 240
     while p.poll() is None and time.monotonic() < deadline:
         if log.exists() and len(log.read_text().splitlines()) >= 5: break   # training has begun
         time.sleep(0.02)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 130 and 'Traceback' not in err, err
+    assert p.returncode == 130 and 'Traceback' not in err, (ignored, out[-500:], err)
     assert err.count('\n') == 1 and 'to resume: gradus shakespeare' in err, err
     stopped = int(re.search(r'stopped after step (\d+) of 1600', err).group(1))
     assert 5 <= stopped < 1600

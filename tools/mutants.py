@@ -319,7 +319,7 @@ def run_target(tree, target, nb, timeout):
            'MPLBACKEND': 'Agg', 'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1',
            'NUMBA_NUM_THREADS': '1'}
     cmd = [sys.executable, '-m', 'pytest', '-x', '-q', '--no-header', '-p', 'no:cacheprovider',
-           *args]
+           '-n', '0', *args]   # one process: a target is small, and -x stops at its first failure
     if not args[0].endswith('.ipynb'):   # nbval's imports cost seconds a run: none for .py files
         cmd[4:4] = ['-o', 'addopts=', '-p', 'no:nbval']
     t0 = time.perf_counter()
