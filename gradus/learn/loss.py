@@ -8,14 +8,17 @@ function."""
 __all__ = ['mse', 'cross_entropy', 'binary_cross_entropy_with_logits']
 
 # %% ../../nbs/learn/09_loss.ipynb #19f85338
+import math, threading
 import numpy as np
+from numba import njit, prange
 from ..core import tensor as T
 from ..core import ops
 from ..core import dtype as D
-from ..core.autograd import custom_vjp
+from ..core import kernels
+from ..core.autograd import custom_vjp, vjp
 from ..errors import DTypeError
 from ..errors import ShapeError
-from ..core.tensor import Tracer
+from ..core.tensor import Primitive, Tracer
 
 # %% ../../nbs/learn/09_loss.ipynb #dda55e03
 def _check_same_shape(name, a, b, what=('pred', 'target')):
@@ -91,6 +94,139 @@ def _nll_bwd(res, ct):
 
 _nll = custom_vjp(_nll_value).defvjp(_nll_fwd, _nll_bwd)
 
+# %% ../../nbs/learn/09_loss.ipynb #fe2af598
+_FAST = {'reassoc', 'contract'}    # LLVM may vectorise the row sums; nothing assumed about inf/NaN
+_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(13))           # 1/k!, k = 0..12
+
+@njit(cache=True, fastmath=_FAST, nogil=True, inline='always')
+def _exp_le0(d):
+    """`exp(d)` in float64 for a float32 `d <= 0` (or `-inf`): `exp(d/128)` by its Taylor series
+    to degree 12, squared seven times; relative error below 3e-9 (a float32 ulp is 1.2e-7), and 0
+    below -104, where float32's own `exp` is 0 too. Loops of it vectorise; libm's `exp` does not."""
+    x = np.float64(d) * 0.0078125
+    p = _TAYLOR[12]
+    for k in range(11, -1, -1): p = p * x + _TAYLOR[k]
+    for _ in range(7): p = p * p
+    return p if d >= -104.0 else 0.0
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def _ce_shift(z, i):
+    """The shift of row `i` of `z` (n, C) and whether it is the row's finite maximum (then every
+    `z − shift` is <= 0 or `-inf`); else 0, as `_shift_by_max` does (a NaN, `+inf`, all `-inf`)."""
+    m, nan = z[i, 0], False
+    for j in range(z.shape[1]):
+        v = z[i, j]
+        if v > m: m = v
+        nan |= v != v
+    if nan or not np.isfinite(m): return z.dtype.type(0), False
+    return m, True
+
+@njit(cache=True, parallel=True, fastmath=_FAST, nogil=True)
+def _ce_rows_kernel(z, y, out):
+    """`out[i] = log1p(Σ_{d_j ≠ 0} exp(d_j) + #(d_j = 0) − 1) − d_{y_i}`, `d = z_i − shift`: the
+    arithmetic of `_nll_parts` with float64 sums, rows in parallel."""
+    n, C = z.shape
+    for i in prange(n):
+        m, fast = _ce_shift(z, i)
+        rest, ties = 0.0, -1.0
+        if fast:
+            for j in range(C):
+                d = z[i, j] - m
+                ties += 1.0 if d == 0 else 0.0
+                rest += 0.0 if d == 0 else _exp_le0(d)
+        else:                                        # NaN/inf rows: libm's exp, as numpy's
+            for j in range(C):
+                d = z[i, j] - m
+                ties += 1.0 if d == 0 else 0.0
+                rest += 0.0 if d == 0 else np.float64(np.exp(d))
+        out[i] = np.log1p(rest + ties) - np.float64(z[i, y[i]] - m)
+    return out
+
+@njit(cache=True, parallel=True, fastmath=_FAST, nogil=True)
+def _ce_rows_vjp_kernel(ct, z, y, out):
+    """`out[i] = ct_i (softmax(z_i) − onehot(y_i))`, the label entry `−ct_i Σ_{j≠y} p_j` (no
+    cancellation): `_nll_bwd`'s arithmetic, `exp` stored in `out` and scaled in a second pass."""
+    n, C = z.shape
+    for i in prange(n):
+        m, fast = _ce_shift(z, i)
+        k = y[i]
+        s, rest = 0.0, 0.0
+        if fast:
+            for j in range(C):
+                out[i, j] = _exp_le0(z[i, j] - m)
+                s += np.float64(out[i, j])
+                rest += 0.0 if j == k else np.float64(out[i, j])
+        else:                                        # NaN/inf rows: libm's exp, as numpy's
+            for j in range(C):
+                out[i, j] = np.exp(z[i, j] - m)
+                s += np.float64(out[i, j])
+                rest += 0.0 if j == k else np.float64(out[i, j])
+        c = np.float64(ct[i]) / (s if s > 0 else 1.0)     # an all -inf row: e = 0, as `_nll_bwd`
+        for j in range(C): out[i, j] = np.float64(out[i, j]) * c
+        out[i, k] = -(rest * c)
+    return out
+
+
+# %% ../../nbs/learn/09_loss.ipynb #c9f9696e
+def _rows_impl(z, y): return np.ascontiguousarray(z), np.ascontiguousarray(y)
+
+# numba's workqueue layer aborts the process when two Python threads are in parallel regions at
+# once (`train.data_parallel`'s shards): the rows run in parallel only on the main thread and when
+# no other call of these kernels is running; otherwise the same loops serially (compiled lazily).
+_REGION = threading.Lock()
+_SERIAL = {}
+
+def _run(kernel, *args):
+    "`kernel(*args)` in parallel when it is safe (see `_REGION`), else its serial compilation."
+    if threading.current_thread() is threading.main_thread() and _REGION.acquire(blocking=False):
+        try: return kernel(*args)
+        finally: _REGION.release()
+    if kernel not in _SERIAL: _SERIAL[kernel] = njit(fastmath=_FAST, nogil=True)(kernel.py_func)
+    return _SERIAL[kernel](*args)
+
+def _ce_rows_impl(z, y):
+    z, y = _rows_impl(z, y)
+    return _run(_ce_rows_kernel, z, y, np.empty(z.shape[0], z.dtype))
+
+def _ce_rows_vjp_impl(ct, z, y):
+    z, y = _rows_impl(z, y)
+    return _run(_ce_rows_vjp_kernel, np.ascontiguousarray(ct), z, y, np.empty(z.shape, z.dtype))
+
+def _ce_rows_aval(z, y, **_):
+    "Shape rule: logits `(n, C)` float32, labels `(n,)` int -> `(n,)` float32; else typed errors."
+    if z.dtype != D.float32: raise DTypeError(f"ce_rows: logits must be float32, got {z.dtype}")
+    if len(z.shape) != 2 or tuple(y.shape) != tuple(z.shape[:1]):
+        raise ShapeError(f"ce_rows: logits {tuple(z.shape)} must be (n, C), labels "
+                         f"{tuple(y.shape)} (n,)")
+    return tuple(z.shape[:1]), z.dtype
+
+def _ce_vjp_reference(ct, z, y):
+    "The reference of the backward kernel: `_nll_bwd` of the composite path, from the logits."
+    return _nll_bwd((T.exp(_shift_by_max(z)), y), ct)[0]
+
+def _ce_rows_vjp_rule(ct2, out, ct, z, y):
+    "The backward kernel's own VJP (second derivatives) through its reference; none for labels."
+    _, pullback = vjp(lambda ct, z: _ce_vjp_reference(ct, z, y), ct, z)
+    return (*pullback(ct2), None)
+
+_ce_rows_vjp_p = Primitive('ce_rows_vjp', _ce_rows_vjp_impl,
+                           lambda ct, z, y, **_: (tuple(z.shape), z.dtype), _ce_rows_vjp_rule)
+_ce_rows_p = Primitive('ce_rows', _ce_rows_impl, _ce_rows_aval,
+                       lambda ct, out, z, y: (_ce_rows_vjp_p.bind(ct, z, y), None))
+
+_CE_MIN_SIZE, _CE_MIN_CLASSES = 1 << 20, 4096   # the gate of `_nll_rows`
+
+def _nll_rows(z, y):
+    """Per-row losses `(n,)` of logits `z` `(n, C)` and labels `y` `(n,)`: the kernels for float32
+    with `n · C >= _CE_MIN_SIZE` and `C >= _CE_MIN_CLASSES` (unless
+    `kernels.disabled()`), the composite `_nll` otherwise (float64, small vocabularies)."""
+    n, C = z.shape
+    if (kernels.enabled() and z.dtype == D.float32 and n * C >= _CE_MIN_SIZE
+            and C >= _CE_MIN_CLASSES):
+        return _ce_rows_p.bind(z, y)
+    return _nll(z, y)
+
+
 # %% ../../nbs/learn/09_loss.ipynb #04f0e486
 def _check_labels(name, labels, n_classes, ignore_index):
     if isinstance(labels, Tracer) or labels.size == 0: return
@@ -125,16 +261,16 @@ def cross_entropy(logits, labels, ignore_index=None):
     digits) and `-inf` logits (a `-inf` true class gives `inf`; a row without a finite logit gives
     NaN unless ignored). Raises `ShapeError` for mismatched shapes, `DTypeError` for float labels or
     integer logits, `ValueError` naming the first out-of-range label (checked when labels are
-    concrete arrays)."""
+    concrete arrays). Large float32 inputs run the numba kernels of `_nll_rows`."""
     logits, labels = _check_ce_args(logits, labels)
     C = logits.shape[-1]
     _check_labels('cross_entropy', labels, C, ignore_index)
     n = int(np.prod(labels.shape))
     z, y = T.reshape(logits, (n, C)), T.reshape(labels, (n,))              # (n, C), (n,)
-    if ignore_index is None: return _mean(_nll(z, y))
+    if ignore_index is None: return _mean(_nll_rows(z, y))
     keep = y != ignore_index
     z = T.where(T.reshape(keep, (n, 1)), z, np.zeros((), z.dtype))         # ignored rows: zeros ...
-    rows = _nll(z, T.where(keep, y, np.zeros((), y.dtype)))                # ... and class 0
+    rows = _nll_rows(z, T.where(keep, y, np.zeros((), y.dtype)))                # ... and class 0
     acc = np.promote_types(logits.dtype, np.float32)                       # as in `_mean`
     total = T.sum(T.where(keep, T.cast(rows, acc), np.zeros((), acc)))
     return T.cast(total / T.maximum(T.sum(T.cast(keep, acc)), 1.0), logits.dtype)

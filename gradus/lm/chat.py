@@ -7,7 +7,7 @@ each turn prefills only its own tokens."""
 
 # %% auto #0
 __all__ = ['MODELS', 'KERNEL_BYTES', 'HELP', 'model_path', 'Model', 'weight_bytes', 'load', 'add_arguments', 'add_chat_arguments',
-           'prefill_bytes', 'MemoryEstimate', 'memory_estimate', 'cli', 'Chat', 'chat_cli']
+           'prefill_bytes', 'MemoryEstimate', 'memory_estimate', 'with_adapter', 'cli', 'Chat', 'chat_cli']
 
 # %% ../../nbs/lm/27_chat.ipynb #ee791835
 import os, re, sys
@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from numba import set_num_threads
 from ..core import kernels
-from . import decode, engine, models
+from . import adapters, decode, engine, lora, models
 from .sampling import is_int
 from ..formats import gguf, tokenizer
 from ..errors import CacheError, ConfigError, GradusError, TokenizerError
@@ -68,10 +68,13 @@ def load(path, admit=None) -> Model:
 
 
 def _loaded_bytes(params):
-    "Bytes of loaded `params`: the matrices' blocks and the float32 vectors, a tied head once."
+    """Bytes of loaded `params`: the matrices' blocks and the float32 vectors, a tied head once;
+    an adapted matrix (`qlinear.Adapted`) counts its base's blocks and its `A` and `B`."""
     leaves = [params['embed'], params['output'], params['norm']]
     leaves += [v for lp in params['layers'] for v in lp.values()]
-    arrays = {id(a): a for a in (getattr(v, 'blocks', v) for v in leaves)}
+    parts = [p for v in leaves
+             for p in ((v.base, v.a, v.b) if isinstance(v, lora.Adapted) else (v,))]
+    arrays = {id(a): a for a in (getattr(v, 'blocks', v) for v in parts)}
     return sum(a.nbytes for a in arrays.values())
 
 # %% ../../nbs/lm/27_chat.ipynb #f63635c3
@@ -82,6 +85,10 @@ def _model_arguments(p):
                             'gemma3-270m (Gemma 3 270M, Q4_K_M) (default: smollm2)')
     which.add_argument('--gguf', metavar='PATH',
                        help='run this GGUF file instead (a Llama or Gemma 3 architecture)')
+    p.add_argument('--lora', metavar='PATH',
+                   help='apply a LoRA adapter to the model: a llama.cpp adapter GGUF or a PEFT '
+                        'folder (gradus finetune writes both), on the fused decode kernels '
+                        'where they run the model')
 
 
 def _sampling_arguments(p, max_new):
@@ -276,11 +283,23 @@ def _capacity(config, n, max_new, err):
     return min(ctx, n + max_new)
 
 
+def with_adapter(model, path) -> Model:
+    """`model` with the LoRA adapter at `path` attached (`adapters.load_adapter`: a llama.cpp
+    adapter GGUF or a PEFT folder, checked against the model; `lora.attach`), or `model` itself
+    when `path` is None. Raises what `load_adapter` raises (`FormatError`, `ShapeError`,
+    `NonFiniteError`, `FileNotFoundError`), naming the file."""
+    if path is None: return model
+    ad, lcfg = adapters.load_adapter(path, model.params, model.config)
+    return model._replace(params=lora.attach(model.params, ad, lcfg))
+
+
 def _model(args, admit, model=None):
-    "`model`, admitted with its loaded figures; else the flags' file, admitted before its weights."
-    if model is None: return load(model_path(args.model, args.gguf), admit)
+    """`model`, admitted with its loaded figures; else the flags' file, admitted before its
+    weights; with `--lora`, the adapter attached."""
+    if model is None: return with_adapter(load(model_path(args.model, args.gguf), admit),
+                                          getattr(args, 'lora', None))
     admit(model.config, model.tokenizer, _loaded_bytes(model.params))
-    return model
+    return with_adapter(model, getattr(args, 'lora', None))
 
 
 def cli(args, out=None, err=None, model=None) -> int:
@@ -455,7 +474,8 @@ def chat_cli(args, stdin=None, out=None, err=None, model=None) -> int:
         run['cap'] = _chat_capacity(config, args.context, err)
         _check_memory(memory_estimate(config, weights, 0, run['cap']))
 
-    model = load(path, admit) if model is None else _model(args, admit, model)
+    model = with_adapter(load(path, admit), getattr(args, 'lora', None)) \
+        if model is None else _model(args, admit, model)
     session = Chat(model, settings, run['cap'], args.system, args.exact)
     fused = not engine.unsupported(model.params, model.config)
     how = 'fused decode kernels' if fused else 'models.forward'

@@ -41,6 +41,12 @@ class LoraConfig(NamedTuple):
         "α/r, the factor of the update `B A`."
         return float(self.alpha) / self.rank
 
+    @property
+    def target_names(self) -> tuple:
+        """The targets as a tuple of names of `TARGETS` (`targets` may be one comma-separated
+        string). Raises `ConfigError` for an unknown, repeated or missing target."""
+        return tuple(_target_names(self.targets))
+
 
 def _target_names(targets):
     names = [t.strip() for t in targets.split(',')] if isinstance(targets, str) else list(targets)

@@ -26,7 +26,7 @@ from ..formats.quants import GGMLType
 from . import qlinear
 from .qlinear import QTensor, dense  # noqa: F401 (`models.dense`, as readers call it)
 from ..core import kernels
-from ..errors import FormatError
+from ..errors import FormatError, ShapeError
 
 # %% ../../nbs/lm/24_models.ipynb #llama005
 class DecoderConfig(NamedTuple):
@@ -326,8 +326,9 @@ def from_gguf(path):
 
 # %% ../../nbs/lm/24_models.ipynb #llama014
 def embed(params, tokens) -> np.ndarray:
-    """Embedding rows `(len(tokens), dim)` float32 of the 1-D int `tokens`, decoding only those
-    rows. Raises `IndexError` naming the first id outside `[0, vocab)`."""
+    """Embedding rows `(len(tokens), dim)` float32 of the 1-D int `tokens` (`(B, T, dim)` of a
+    batch `(B, T)`), decoding only those rows. Raises `IndexError` naming the first id outside
+    `[0, vocab)`."""
     return qlinear.embed(params['embed'], tokens)
 
 
@@ -335,7 +336,8 @@ def embed(params, tokens) -> np.ndarray:
 def _linear(w, x):
     """`x (T, cols) @ Wᵀ -> (T, rows)`: `qlinear.linear` (one float32 row through
     `qkernels.qmatvec` where it has the type, else one GEMM on `dense(w)`; a traced op on tracers;
-    an `Adapted` matrix adds its low-rank update)."""
+    an `Adapted` matrix adds its low-rank update). A batch `(B, T, cols)`: one product on the
+    `B·T` rows."""
     return qlinear.linear(w, x)
 
 
@@ -343,27 +345,36 @@ def _rms(scale, x, c): return nn.rms_norm({'scale': scale}, x, c.norm_eps)
 
 
 def _heads(y, t, n_kv, group, hd):
-    "`(t, n_kv·group·hd)` -> `(n_kv, group, t, hd)`."
-    return y.reshape(t, n_kv, group, hd).transpose(1, 2, 0, 3)
+    "`(..., t, n_kv·group·hd)` -> `(..., n_kv, group, t, hd)`, `...` a batch's axis or none."
+    b = tuple(y.shape[:-2])
+    n = len(b)
+    return y.reshape(b + (t, n_kv, group, hd)).transpose(*range(n), n + 1, n + 2, n, n + 3)
+
+
+def _merged(y, n_heads, hd):
+    "`(..., n_kv, group, t, hd)` -> `(..., t, n_heads·hd)`: the heads side by side again."
+    b, t = tuple(y.shape[:-4]), y.shape[-2]
+    n = len(b)
+    return y.transpose(*range(n), n + 2, n, n + 1, n + 3).reshape(b + (t, n_heads * hd))
 
 
 def _rotated(lp, h, c, pos, layer, name, group):
     "Queries (`name='q'`) or keys `(n_kv, group, t, hd)`: projected, head-normed (`qk_norm`), RoPE."
-    y = _heads(_linear(lp['w' + name], h), h.shape[0], c.n_kv_heads, group, c.head_dim)
+    y = _heads(_linear(lp['w' + name], h), h.shape[-2], c.n_kv_heads, group, c.head_dim)
     if c.qk_norm: y = _rms(lp[name + '_norm'], y, c)                  # each head's hd features
     return apply_rope(y, pos, _base(c, layer), c.rope_interleaved)
 
 
 def _attention(lp, h, c, pos, layer, cache):
-    t, g = h.shape[0], c.n_heads // c.n_kv_heads
+    t, g = h.shape[-2], c.n_heads // c.n_kv_heads
     q, k = _rotated(lp, h, c, pos, layer, 'q', g), _rotated(lp, h, c, pos, layer, 'k', 1)
-    v = _heads(_linear(lp['wv'], h), t, c.n_kv_heads, 1, c.head_dim)  # (Hkv, 1, t, D)
+    v = _heads(_linear(lp['wv'], h), t, c.n_kv_heads, 1, c.head_dim)  # (…, Hkv, 1, t, D)
     if cache is None: mask = causal_mask(t, window=_window(c, layer))         # (t, t)
     else:
         keys, values, mask = cache.attend(layer, pos, k[:, 0], v[:, 0])  # (Hkv, n, D), (t, n)
         k, v = keys[:, None], values[:, None]
-    y = scaled_dot_product_attention(q, k, v, mask, scale=c.query_scale)  # (Hkv, G, t, D)
-    return _linear(lp['wo'], y.transpose(2, 0, 1, 3).reshape(t, c.n_heads * c.head_dim))  # (t, dim)
+    y = scaled_dot_product_attention(q, k, v, mask, scale=c.query_scale)  # (…, Hkv, G, t, D)
+    return _linear(lp['wo'], _merged(y, c.n_heads, c.head_dim))             # (…, t, dim)
 
 # %% ../../nbs/lm/24_models.ipynb #llama017
 GATES = {  # the gated MLP's gate: SwiGLU's, GeGLU's (tanh GELU), and exact-GELU's
@@ -400,9 +411,21 @@ def forward(params, tokens, config, cache=None, pos=0, last_only=False) -> np.nd
     matrix's type; several tokens decode each matrix to float32 for one GEMM, on the BLAS threads
     `kernels.blas_threads_for` picks for a layer's products (one for a short prompt: split
     across threads, a small product waits for its slowest, and beside a busy neighbour that
-    one runs only in the scheduler's slices)."""
+    one runs only in the scheduler's slices).
+
+    A batch: `tokens` `(B, T)` (arrays or tracers; no cache, not `last_only`) -> `(B, T, vocab)`,
+    sequence `b` at positions `pos …` its own, every linear layer one product on the `B·T` rows
+    (one decode of each matrix), attention per sequence. Raises `ShapeError` for tokens of 3 or
+    more axes, or a batch with a cache or `last_only`."""
+    shape = tuple(tokens.shape) if hasattr(tokens, 'shape') else np.shape(tokens)
+    if len(shape) > 2:
+        raise ShapeError(f"forward: tokens of shape {shape}: 1-D `(T,)` or a batch `(B, T)`")
+    if len(shape) == 2 and (cache is not None or last_only):
+        raise ShapeError(f"forward: a batch of tokens {shape} runs without a cache and without "
+                         f"last_only (got cache={type(cache).__name__}, last_only={last_only}); "
+                         f"1-D tokens take both")
     x = embed(params, tokens) * np.float32(config.embed_scale)
-    with kernels.blas_threads_for(x.shape[0], config.dim, config.ffn_dim):
+    with kernels.blas_threads_for(int(np.prod(x.shape[:-1])), config.dim, config.ffn_dim):
         for i, lp in enumerate(params['layers']):
             x = _block(lp, x, config, pos, i, cache)
         if cache is not None: cache.commit(len(tokens))

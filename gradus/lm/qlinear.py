@@ -14,6 +14,7 @@ __all__ = ['ROW_BLOCK_BYTES', 'HEAD_ROWS', 'FROZEN_TYPES', 'qmatmul_p', 'qmatmul
            'activation_bytes']
 
 # %% ../../nbs/lm/31_qlinear.ipynb #ql-imports
+import threading
 from typing import NamedTuple
 import numpy as np
 from ..core import dtype as D
@@ -35,10 +36,17 @@ def row_block(rows, cols, limit=ROW_BLOCK_BYTES) -> int:
     return max(1, min(rows, limit // (4 * cols)))
 
 
+_POOL = threading.Lock()   # one parallel numba region at a time (see `decode_rows`)
+
+
 def decode_rows(blocks, qtype, cols, r0, r1, dtype=np.float32) -> np.ndarray:
     """Rows `r0 … r1 − 1` of the matrix in `blocks` (uint8 `(rows, row bytes)`, GGML type named
-    `qtype`, `cols` weights a row), decoded by `quants.dequantize`: `(r1 − r0, cols)` of `dtype`."""
-    w = dequantize(blocks[r0:r1], GGMLType[qtype]).reshape(r1 - r0, cols)
+    `qtype`, `cols` weights a row), decoded by `quants.dequantize`: `(r1 − r0, cols)` of `dtype`.
+    The decoders are numba `parallel=True` kernels, and numba's `workqueue` threading layer
+    aborts the process when two Python threads enter parallel regions at once (as the shards of
+    `train.data_parallel` do): a lock lets one decode run at a time."""
+    with _POOL: w = dequantize(blocks[r0:r1], GGMLType[qtype])
+    w = w.reshape(r1 - r0, cols)
     return w if w.dtype == dtype else w.astype(dtype)
 
 
@@ -197,9 +205,21 @@ class Adapted(NamedTuple):
 
 
 def lora_delta(w, x):
-    "The low-rank term of an `Adapted` `w` at `x (..., cols)`: `scale · (drop(x) Aᵀ) Bᵀ`."
+    """The low-rank term `(..., rows)` of an `Adapted` `w` at `x (..., cols)`: `scale · (drop(x)
+    Aᵀ) Bᵀ`, the dropout mask drawn at `x`'s shape; more than one leading axis: the two products
+    on the rows flattened to `(N, cols)` (one GEMM each), the result reshaped back."""
     h = x if w.key is None or not w.rate else nn.dropout(w.key, x, w.rate, True)
+    if h.ndim > 2: return _on_rows(lambda _, r: lora_delta(w._replace(key=None), r), None, h)
     return ((h @ T.transpose(w.a)) @ T.transpose(w.b)) * w.scale
+
+
+def _on_rows(f, w, x):
+    """`f(w, rows)` on `x (..., cols)` flattened to `rows (N, cols)`, `N` the product of the
+    leading sizes: one product per matrix for a whole batch; the `(N, n)` result reshaped to
+    `(..., n)`."""
+    lead = tuple(x.shape[:-1])
+    y = f(w, x.reshape((int(np.prod(lead)), x.shape[-1])))
+    return y.reshape(lead + (y.shape[-1],))
 
 
 def dense(w, rows=None) -> np.ndarray:
@@ -210,14 +230,16 @@ def dense(w, rows=None) -> np.ndarray:
 
 def _one_row(w, x):
     "Whether Part II's one-token path takes `x`: a float32 row, a type `qmatvec` reads."
-    return x.shape[0] == 1 and x.dtype == np.float32 and w.type in MATVEC_TYPES
+    return x.ndim == 2 and x.shape[0] == 1 and x.dtype == np.float32 and w.type in MATVEC_TYPES
 
 
 def linear(w, x):
     """`x (T, cols) @ wᵀ -> (T, rows)`, `models.forward`'s linear layer. `w` in GGML blocks: on a
     tracer, `qlinear`; on an array, Part II's code bit for bit (one float32 row through
     `qkernels.qmatvec` where it reads the type, else `x @ dense(w)ᵀ` in `x`'s dtype). `w` an
-    `Adapted`: its base's product plus `lora_delta`."""
+    `Adapted`: its base's product plus `lora_delta`. `x (B, T, cols)` (any leading axes): the
+    same on the `B·T` rows at once (`w` decoded once), reshaped to `(B, T, rows)`."""
+    if x.ndim > 2: return _on_rows(linear, w, x)
     if isinstance(w, Adapted): return linear(w.base, x) + lora_delta(w, x)
     if isinstance(x, Tracer): return qlinear(w, x)
     if _one_row(w, x): return qmatvec(w.blocks, w.type, x[0])[None]
@@ -228,7 +250,9 @@ def head(w, x, chunk=HEAD_ROWS):
     """Logits `(T, vocab)` of normed hidden states `x (T, dim)` through the output matrix `w`
     (vocab, dim): on a tracer, `qlinear` (its row blocks); on an array, Part II's `models._head`
     bit for bit (one float32 row through `qmatvec`, else `x @ dense(w)ᵀ` a `chunk` of rows at a
-    time)."""
+    time). `x (B, T, dim)` (any leading axes): the same on the `B·T` rows, reshaped to
+    `(B, T, vocab)`."""
+    if x.ndim > 2: return _on_rows(lambda w, r: head(w, r, chunk), w, x)
     if isinstance(x, Tracer): return qlinear(w, x)
     if _one_row(w, x): return qmatvec(w.blocks, w.type, x[0])[None]
     out = np.empty((x.shape[0], w.shape[0]), np.result_type(x.dtype, np.float32))
@@ -254,7 +278,8 @@ def _rows_of(table_rows, tokens):
 def _embed_impl(tokens, blocks, qtype, shape):
     t = np.asarray(tokens, np.int64)
     _rows_of(shape[0], t)
-    return dequantize(blocks[t.reshape(-1)], GGMLType[qtype]).reshape(t.shape + (shape[1],))
+    with _POOL: rows = dequantize(blocks[t.reshape(-1)], GGMLType[qtype])   # see `decode_rows`
+    return rows.reshape(t.shape + (shape[1],))
 
 
 embed_rows_p = Primitive('embed_rows', _embed_impl, _embed_aval)   # no VJP: ids, frozen table
@@ -262,15 +287,17 @@ embed_rows_p = Primitive('embed_rows', _embed_impl, _embed_aval)   # no VJP: ids
 
 def embed(w, tokens):
     """Rows of the embedding matrix `w` (vocab, dim) in GGML blocks at the int `tokens`: on an
-    array, Part II's `models.embed` (1-D ids -> `(len, dim)` float32, decoding only those rows); on
-    a tracer, the primitive `embed_rows` (`tokens.shape + (dim,)`), which checks the ids when it
-    runs. Raises `IndexError` naming the first id outside `[0, vocab)`."""
+    array, Part II's `models.embed` (1-D ids -> `(len, dim)` float32, decoding only those rows;
+    `(B, T)` ids -> `(B, T, dim)`); on a tracer, the primitive `embed_rows` (`tokens.shape +
+    (dim,)`), which checks the ids when it runs. Raises `IndexError` naming the first id outside
+    `[0, vocab)`."""
     if isinstance(tokens, Tracer):
         blocks, qtype, shape = _frozen(w, 'embed')
         return embed_rows_p.bind(tokens, blocks, qtype=qtype, shape=shape)
     t = np.asarray(tokens, np.int64)
     _rows_of(w.shape[0], t)
-    return dequantize(w.blocks[t], w.type).reshape(t.size, w.shape[1])
+    rows = dequantize(w.blocks[t.reshape(-1)], w.type)
+    return rows.reshape((t.shape if t.ndim > 1 else (t.size,)) + (w.shape[1],))
 
 # %% ../../nbs/lm/31_qlinear.ipynb #ql-memory-code
 def activation_bytes(config, seq_len, batch_size=1, rank=8) -> int:
