@@ -208,3 +208,29 @@ def test_memory_estimate_beside_the_measured_peak(seq_len, tmp_path):
     stated = int(re.search(r'memory: about ([\d,]+) MiB', m['log'][0]).group(1).replace(',', ''))
     print(f"seq_len {seq_len}: estimate {stated} MiB, measured {measured / 2**20:.0f} MiB")
     assert measured <= stated * 2**20 <= 2 * measured, (stated, measured / 2**20)
+
+
+def test_a_peft_config_that_lies_is_refused(smol, tmp_path):
+    """adapter_config.json that is not an object, or whose target_modules are not the matrices the
+    tensors adapt (a list of names, or PEFT's regular expression), is a FormatError naming it."""
+    lcfg = lora.LoraConfig(rank=2, targets=('q', 'v'))
+    ad = lora.init(random.key(1), smol.params, lcfg)
+    adapters.save_peft(tmp_path / 'p', ad, lcfg, smol.config)
+    cfg_path = tmp_path / 'p' / 'adapter_config.json'
+    good = json.loads(cfg_path.read_text())
+    assert sorted(good['target_modules']) == ['q_proj', 'v_proj']
+    adapters.load_adapter(tmp_path / 'p', smol.params, smol.config)
+    for bad, words in [([1], 'not an object'),
+                       ({**good, 'target_modules': ['q_proj']}, 'target_modules'),
+                       ({**good, 'target_modules': '.*k_proj'}, 'target_modules')]:
+        cfg_path.write_text(json.dumps(bad))
+        with pytest.raises(F.FormatError, match=words):
+            adapters.load_adapter(tmp_path / 'p', smol.params, smol.config)
+    cfg_path.write_text(json.dumps({**good, 'target_modules': r'.*\.(q|v)_proj'}))
+    adapters.load_adapter(tmp_path / 'p', smol.params, smol.config)
+
+
+def test_top_k_is_checked_before_anything_is_written(tmp_path, capsys):
+    assert cli.main(['finetune', '--top-k', '-1', '--out', str(tmp_path / 'o')]) == 2
+    assert '--top-k must be an int >= 0' in capsys.readouterr().err
+    assert not (tmp_path / 'o').exists()

@@ -77,13 +77,16 @@ def _positive(name, v, kind=int):
 
 def check_config(cfg, config=None):
     """Raise `ConfigError` naming the flag for a setting out of its range: counts below 1, a
-    learning rate, α or clip that is not a finite number > 0, warm-up steps not in [0, steps),
-    and, given the model's `config`, a `--seq-len` past its context. (Rank, targets and dropout are
-    `lora.check`'s, against the model's matrices.)"""
+    learning rate, α or clip that is not a finite number > 0, a top-k below 0, warm-up steps not
+    in [0, steps), and, given the model's `config`, a `--seq-len` past its context. (Rank,
+    targets and dropout are `lora.check`'s, against the model's matrices.)"""
     for name in ('steps', 'seq_len', 'batch_size', 'eval_interval', 'eval_windows', 'sample_len'):
         _positive(name, getattr(cfg, name))
     for name in ('lr', 'grad_clip', 'temperature'):
         _positive(name, getattr(cfg, name), float)
+    k = cfg.top_k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"--top-k must be an int >= 0 (0: every token), got {k!r}")
     w = cfg.warmup
     if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < cfg.steps:
         raise ConfigError(f"--warmup must be an int in [0, --steps = {cfg.steps}), got {w!r}")
@@ -308,6 +311,7 @@ def _run_locked(cfg, resume, progress, log, out, m, lcfg, data, n_ad, need):
     if resume and ckpt.exists(): state, records = _resume(out, state, cfg, header, log)
     else:
         if resume: log(f"no checkpoint in {out}: starting from step 0")
+        elif ckpt.exists(): log(f"note: replacing the run in {out} (use --resume to continue it)")
         for name in FILES:
             if name != 'config.json': (out / name).unlink(missing_ok=True)
     atomic_text(out / 'config.json', json.dumps(header, indent=1))
@@ -331,6 +335,7 @@ def _run_locked(cfg, resume, progress, log, out, m, lcfg, data, n_ad, need):
     def eval_fn(ad): return metrics.timed_eval(lambda: evaluate(ad))
     def callback(rec):
         metrics(rec)
+        rec['tok/s'] = 1000 * tokens / max(metrics.records[-1]['ms'], 1e-9)   # the bar shows it
         if 'val_loss' in rec:
             metrics.sync()
             since = [r['ms'] for r in metrics.records if r['step'] > last_eval[0]]
@@ -396,7 +401,7 @@ FLAG_HELP = {   # what each flag is; --help adds its default
     'prompt': 'the samples\' prompt (default: the start of the held-out text, or its first pair)',
     'sample_len': 'tokens of each sample, before and after training',
     'temperature': 'the samples\' temperature',
-    'top_k': 'the samples draw from the K likeliest tokens',
+    'top_k': 'the samples draw from the K likeliest tokens (0: from every token)',
 }
 
 

@@ -242,7 +242,9 @@ def _load_peft(folder, params, model_config):
     except (OSError, ValueError) as e:
         raise FormatError(f"{folder}: no readable adapter_config.json ({e})") from None
     where = f"{folder.name}/adapter_config.json"
-    if not isinstance(config, dict) or config.get('peft_type') != 'LORA':
+    if not isinstance(config, dict):
+        raise FormatError(f"{where}: holds a JSON {type(config).__name__}, not an object")
+    if config.get('peft_type') != 'LORA':
         raise FormatError(f"{where}: peft_type is {config.get('peft_type')!r}, not 'LORA'")
     for key, plain in _PEFT_REFUSED.items():
         v = config.get(key, plain)
@@ -274,6 +276,13 @@ def _load_peft(folder, params, model_config):
     adapters, rank, targets = _assemble(found, params, model_config, folder.name)
     if rank != r:
         raise FormatError(f"{where}: r = {r}, but the tensors have rank {rank}")
+    named = config.get('target_modules')                     # PEFT: a list of names, or a regex
+    held = sorted(HF_NAMES[TARGETS[t]].split('.')[-1] for t in targets)
+    full = [f"model.layers.{i}.{HF_NAMES[k]}" for i, k in found]
+    if named is not None and not (
+            (isinstance(named, list) and sorted(named) == held) or
+            (isinstance(named, str) and all(re.fullmatch(named, f) for f in full))):
+        raise FormatError(f"{where}: target_modules = {named!r}, but the tensors adapt {held}")
     return adapters, LoraConfig(rank, float(alpha), targets, float(drop))
 
 
