@@ -2334,6 +2334,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'gradus.learn.train._value_and_grad': ('learn/train.html#_value_and_grad', 'gradus/learn/train.py'),
                                     'gradus.learn.train._weighted_mean': ('learn/train.html#_weighted_mean', 'gradus/learn/train.py'),
                                     'gradus.learn.train.accuracy': ('learn/train.html#accuracy', 'gradus/learn/train.py'),
+                                    'gradus.learn.train.as_interrupt': ('learn/train.html#as_interrupt', 'gradus/learn/train.py'),
                                     'gradus.learn.train.batches': ('learn/train.html#batches', 'gradus/learn/train.py'),
                                     'gradus.learn.train.data_parallel': ('learn/train.html#data_parallel', 'gradus/learn/train.py'),
                                     'gradus.learn.train.due': ('learn/train.html#due', 'gradus/learn/train.py'),

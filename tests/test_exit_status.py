@@ -80,6 +80,26 @@ def test_ctrl_c_is_130_without_traceback(monkeypatch, capsys):
     assert _err_lines(capsys) == ['gradus raise: interrupted']
 
 
+def _numba_report_of_ctrl_c(args):
+    """What CPython raises when Ctrl-C's interrupt is pending as a compiled numba function returns:
+    a SystemError whose context is the KeyboardInterrupt."""
+    try: raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise SystemError('CPUDispatcher(<function k>) returned a result with an exception set')
+
+
+def test_ctrl_c_inside_a_kernel_is_130_without_traceback(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, 'raise', ('raise', lambda p: None, _numba_report_of_ctrl_c))
+    assert main(['raise']) == 130
+    assert _err_lines(capsys) == ['gradus raise: interrupted']
+
+
+def test_a_system_error_of_its_own_keeps_its_traceback(monkeypatch):
+    _stand_in(monkeypatch, SystemError('a bug in an extension'))
+    with pytest.raises(SystemError, match='a bug in an extension'):
+        main(['raise'])
+
+
 def test_a_bug_keeps_its_traceback(monkeypatch):
     _stand_in(monkeypatch, RuntimeError('a bug'))
     with pytest.raises(RuntimeError, match='a bug'):

@@ -183,6 +183,26 @@ def test_fit_interrupted_hands_back_the_last_whole_step(tmp_path, where, done, s
     assert [r['loss'] for r in h_full] == [r['loss'] for r in hist + h_on]
 
 
+def test_ctrl_c_reported_by_numba_is_the_interrupt():
+    """Ctrl-C landing as a compiled kernel returns reaches fit as a SystemError whose context is the
+    KeyboardInterrupt (seen once in a child of the Ctrl-C test): fit raises the interrupt itself,
+    with the state of the last whole step; a SystemError of another cause passes through."""
+    loss_fn, get_batch, opt, s0 = _setup()
+    def numba_ctrl_c(rec):
+        if rec['step'] == 4:
+            try: raise KeyboardInterrupt
+            except KeyboardInterrupt: raise SystemError('CPUDispatcher(k) returned a result with '
+                                                        'an exception set')
+    with pytest.raises(KeyboardInterrupt) as e:
+        train.fit(loss_fn, s0, opt, get_batch, 8, callback=numba_ctrl_c, progress=False)
+    assert e.value.state.step == 3 and len(e.value.history) == 3
+    def other(rec):
+        if rec['step'] == 4: raise SystemError('of its own')
+    with pytest.raises(SystemError, match='of its own'):
+        train.fit(loss_fn, s0, opt, get_batch, 8, callback=other, progress=False)
+    assert train.as_interrupt(ValueError('x')) is None
+
+
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_resume_is_bit_for_bit(tmp_path, dtype):
     loss_fn, get_batch, opt, s0 = _setup(dtype)

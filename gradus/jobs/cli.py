@@ -130,9 +130,10 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `gradus inspect FILE | head`: the reader left before the end
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return EXIT_REFUSED
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, SystemError) as e:
+        if (interrupt := train.as_interrupt(e)) is None: raise     # a SystemError of its own
         print(f"\ngradus {args.command}: interrupted", file=sys.stderr)
-        return exit_status(e)
+        return exit_status(interrupt)
     except (GradusError, OSError) as e:
         print(f"gradus {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return exit_status(e)
