@@ -2093,6 +2093,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'gradus.jobs.finetune._export': ('jobs/finetune_run.html#_export', 'gradus/jobs/finetune.py'),
                                       'gradus.jobs.finetune._file_digest': ( 'jobs/finetune_run.html#_file_digest',
                                                                              'gradus/jobs/finetune.py'),
+                                      'gradus.jobs.finetune._is_int': ('jobs/finetune_run.html#_is_int', 'gradus/jobs/finetune.py'),
                                       'gradus.jobs.finetune._positive': ('jobs/finetune_run.html#_positive', 'gradus/jobs/finetune.py'),
                                       'gradus.jobs.finetune._resume': ('jobs/finetune_run.html#_resume', 'gradus/jobs/finetune.py'),
                                       'gradus.jobs.finetune._run_locked': ('jobs/finetune_run.html#_run_locked', 'gradus/jobs/finetune.py'),

@@ -67,8 +67,13 @@ RESUME_MAY_DIFFER = ('steps', 'eval_interval', 'out', 'prompt', 'sample_len', 't
                      'top_k')
 
 
+def _is_int(v):
+    "Whether `v` is an int (numpy's too) and not a bool."
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def _positive(name, v, kind=int):
-    ok = (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) if kind is int else (
+    ok = _is_int(v) if kind is int else (
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
     if not ok or v <= 0:
         what = 'an int' if kind is int else 'a finite number'
@@ -84,11 +89,9 @@ def check_config(cfg, config=None):
         _positive(name, getattr(cfg, name))
     for name in ('lr', 'grad_clip', 'temperature'):
         _positive(name, getattr(cfg, name), float)
-    k = cfg.top_k
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    if not _is_int(k := cfg.top_k) or k < 0:
         raise ConfigError(f"--top-k must be an int >= 0 (0: every token), got {k!r}")
-    w = cfg.warmup
-    if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < cfg.steps:
+    if not _is_int(w := cfg.warmup) or not 0 <= w < cfg.steps:
         raise ConfigError(f"--warmup must be an int in [0, --steps = {cfg.steps}), got {w!r}")
     if config is not None and cfg.seq_len > config.context_length:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's context of "
