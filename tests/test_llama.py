@@ -372,6 +372,22 @@ def test_engine_compiles_each_stage_once():
 
 
 @needs_model
+def test_a_full_cache_is_the_same_compiled_engine(model):
+    """The step that fills the KV cache (`pos + 1` = its capacity) runs the `_token` that every
+    other step runs: the reserved rows of a full cache are a C-contiguous view, the others not,
+    and numba compiled a second `_token` for that layout (36 s in 27_chat's `--max-new-tokens`
+    cell, cold), the moment a conversation reached the end of its context."""
+    params, c = model
+    ws = engine.workspace(params, c, 3)
+    cache = models.new_cache(c, 3)
+    for pos in range(3):
+        engine.decode_step(params, c, cache, 1, pos, ws, exact=True)
+    layouts = {(str(s[2][3]), str(s[2][4])) for s in engine._token.signatures}
+    assert len(layouts) == 1, layouts
+    assert cache.length == 3 and np.abs(cache.k[:, :, 2]).max() > 0   # the last row written
+
+
+@needs_model
 def test_decode_step_refusals(model):
     params, c = model
     ws = engine.workspace(params, c, 8)

@@ -398,7 +398,7 @@ class _Token(NamedTuple):
     x: np.ndarray             # (dim,) the residual stream, updated in place
     cos: np.ndarray           # (head_dim / 2,)
     sin: np.ndarray
-    ck: np.ndarray            # (L, n_kv_heads, pos + 1, head_dim) from `KVCache.reserve`
+    ck: np.ndarray            # (L, n_kv_heads, ≥ pos + 1, head_dim): the cache's (`KVCache.reserve`)
     cv: np.ndarray
     starts: np.ndarray        # (L,) the first row each layer attends to
     pos: int
@@ -607,6 +607,10 @@ def decode_step(params, config, cache, token, pos, ws, exact=False) -> np.ndarra
         raise ConfigError(f"{at}: RoPE's angles are not finite (config.rope_base = "
                           f"{c.rope_base!r}, head_dim {c.head_dim})")
     ck, cv, starts = cache.reserve(pos, 1)                   # (L, H_kv, pos + 1, D) views
+    # the workers read rows < pos + 1 only, so they get the whole arrays when the views are of them:
+    # one layout (C) for numba; a view is C-contiguous too once pos + 1 is the capacity, and that
+    # second layout compiled `_token` a second time (30-50 s) as a conversation filled its cache
+    ck, cv = (cache.k if ck.base is cache.k else ck), (cache.v if cv.base is cache.v else cv)
     ws.sync[:], ws.flags[:] = 0, 0
     scratch = (ws.h, ws.xv, ws.xa, ws.xd, ws.xs, ws.acc, ws.out, ws.scores, ws.qkv, ws.att, ws.ff,
                ws.logits, ws.lu)
