@@ -398,7 +398,7 @@ class _Token(NamedTuple):
     x: np.ndarray             # (dim,) the residual stream, updated in place
     cos: np.ndarray           # (head_dim / 2,)
     sin: np.ndarray
-    ck: np.ndarray            # (L, n_kv_heads, ≥ pos + 1, head_dim): the cache's (`KVCache.reserve`)
+    ck: np.ndarray            # (L, n_kv_heads, ≥ pos + 1, head_dim): the KV cache's arrays
     cv: np.ndarray
     starts: np.ndarray        # (L,) the first row each layer attends to
     pos: int
