@@ -199,8 +199,8 @@ def test_memory_estimate_beside_the_measured_peak(seq_len, tmp_path):
     import os, re, subprocess, sys
     if not os.path.exists('/proc/self/status'): pytest.skip('needs Linux /proc')
     r = subprocess.run([sys.executable, '-c', MEASURE, '--steps', '1', '--warmup', '0',
-                        '--seq-len', str(seq_len), '--batch-size', '2', '--eval-interval', '1',
-                        '--eval-windows', '4', '--sample-len', '4', '--out', str(tmp_path / 'o')],
+                        '--seq-len', str(seq_len), '--batch-size', '1', '--eval-interval', '1',
+                        '--eval-windows', '1', '--sample-len', '4', '--out', str(tmp_path / 'o')],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     m = json.loads(r.stdout.splitlines()[-1])
