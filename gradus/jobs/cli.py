@@ -95,7 +95,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     "The `gradus` argument parser with one sub-parser per entry of `COMMANDS`."
     parser = _Parser(
-        prog='gradus', description='gradus: a literate autodiff and deep-learning stack on numpy')
+        prog='gradus', description='gradus: a literate autodiff and deep-learning stack on numpy',
+        epilog=f"exit status: 0 done; {EXIT_REFUSED} refused (a file or input gradus cannot use); "
+               f"{EXIT_USAGE} a wrong command line or flag value; "
+               f"{EXIT_INTERRUPTED} interrupted (Ctrl-C)")
     sub = parser.add_subparsers(dest='command', metavar='COMMAND', required=True)
     for name, (help_, add, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
