@@ -115,12 +115,9 @@ def test_the_convention_is_documented_in_main():
         assert words in doc, words
 
 
-def test_gradus_help_states_the_convention_it_keeps(tmp_path, capsys):
-    "`gradus --help` names each status, and the statuses it names are the ones `main` returns."
+def test_gradus_help_states_the_convention(capsys):
+    "`gradus --help` names each status; the tests above hold `main` to the same numbers."
     assert main(['--help']) == 0
     help_ = ' '.join(capsys.readouterr().out.split())
     assert ('exit status: 0 done; 1 refused (a file or input gradus cannot use); 2 a wrong command'
             ' line or flag value; 130 interrupted (Ctrl-C)') in help_, help_
-    assert main(['nope']) == 2
-    assert main(['inspect', str(tmp_path / 'absent.gguf')]) == 1
-    assert main(['generate', 'hi', '--top-p', '2']) == 2

@@ -196,9 +196,8 @@ def test_memory_estimate_beside_the_measured_peak(corpus, tmp_path):
     attention's B·H·T² terms, 4x from one to the other, are what grows. The peak is Linux's VmHWM:
     getrusage's ru_maxrss (self or children) keeps the parent's peak across fork and exec, so a
     child of a large pytest process would report pytest's size. One thread (`--threads 1`), so one
-    shard: two shards hold their activations at once only while their threads overlap, so under
-    load the peak fell (223 MiB at block 1024 in a full suite run, 277-281 alone) and the growth
-    assert failed."""
+    shard: two shards hold their activations at once only while their threads overlap, which load
+    decides, so a two-shard peak is no fixed figure to check."""
     if not os.path.exists('/proc/self/status'): pytest.skip('needs Linux /proc')
     rows = []
     for T in (512, 1024):
