@@ -304,11 +304,12 @@ def test_fused_kernels_only_where_they_apply(model, monkeypatch):
     "The one stepper runs the engine where `unsupported` is empty, models.forward elsewhere."
     p, c = model.params, model.config
     assert engine.unsupported(p, c) == []
-    q6 = p['output']._replace(type=GGMLType.Q6_K)
-    assert engine.unsupported({**p, 'output': q6}, c) == ["block types=['Q4_1', 'Q6_K']"]
+    f16 = p['output']._replace(type=GGMLType.F16)
+    assert engine.unsupported({**p, 'output': f16}, c) == ["block types=['F16']"]
     mixed = [dict(lp) for lp in p['layers']]
-    mixed[3]['wq'] = mixed[3]['wq']._replace(type=GGMLType.Q8_0)
-    assert engine.unsupported({**p, 'layers': mixed}, c) == ["block types=['Q4_1', 'Q8_0']"]
+    mixed[3]['wq'] = mixed[3]['wq']._replace(type=GGMLType.Q8_0)   # blocks of Q4_1's size
+    assert engine.unsupported({**p, 'layers': mixed}, c) == [
+        "layers.3.wq shape (576, 576), not 207360 bytes of Q8_0 blocks"]
     ids = np.array(model.tokenizer.encode("The capital of France is"))
     calls, real = [], engine.decode_step
     monkeypatch.setattr(engine, 'decode_step', lambda *a, **k: calls.append(a[3]) or real(*a, **k))

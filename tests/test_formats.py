@@ -230,22 +230,34 @@ def test_qmatvec_int8_bound_catches_one_wrong_code(t):
     err = np.abs(K.qmatvec(wrong, t, x, exact=False) - x8 @ gguf_rows(blocks, t).T)
     assert np.all(err > matvec_bound(blocks, t, x8))
 
-@pytest.mark.parametrize('t', K.INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('t', list(K.KIND), ids=lambda t: t.name)
 @pytest.mark.parametrize('n_out', [1, 2, 3, 4, 5, 38])
 def test_four_row_kernels_both_modes(t, n_out):
-    """The engine's four-row kernels (`_matvec_rows4`; a last group of 1-3 rows included): the
-    exact mode within the exact bound of gguf-py's decoding times x, the int8 mode within it for
-    the rounded x, and within float32 rounding of qmatvec(exact=False)."""
+    """The engine's four-row kernels (`_matvec_rows4`; a last group of 1-3 rows included), for
+    every block kind of the engine: the exact mode within the exact bound of gguf-py's decoding
+    times x, the int8 mode within it for the rounded x, and (the types it reads) within float32
+    rounding of qmatvec(exact=False). Two K-quant super-blocks a row (512 weights), else six
+    blocks. The bound tells a byte of codes misread: the decoding with one such byte a block
+    flipped misses the kernel's output by more than it, in the rows where the flip shows."""
     rng = np.random.default_rng(n_out)
-    blocks = finite_blocks(t, n_out * 6, 7).reshape(n_out, -1)
-    x = rng.standard_normal(6 * 32).astype(np.float32)
+    n_blocks = 2 if BLOCK[t][0] == 256 else 6
+    blocks = finite_blocks(t, n_out * n_blocks, 7).reshape(n_out, -1)
+    x = rng.standard_normal(n_blocks * BLOCK[t][0]).astype(np.float32)
     W, x8 = gguf_rows(blocks, t), rounded(x)
     for exact, xr in ((True, x.astype(np.float64)), (False, x8)):
         y = np.full(n_out, np.nan, np.float32)
         K._matvec_rows4(blocks.reshape(-1), K.KIND[t], x, exact, y)
-        assert np.all(np.abs(y - W @ xr) <= matvec_bound(blocks, t, xr)), (t.name, exact)
-    y8 = K.qmatvec(blocks, t, x, exact=False)
-    assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))
+        bound = matvec_bound(blocks, t, xr)
+        assert np.all(np.abs(y - W @ xr) <= bound), (t.name, exact)
+        wrong = blocks.copy()
+        wrong.reshape(n_out, n_blocks, -1)[:, :, QUANT_AT[t]] ^= 0xFF  # a byte of codes a block
+        moved = np.abs((gguf_rows(wrong, t) - W) @ xr) > 2 * bound      # rows where that shows
+        assert moved.sum() >= (n_out + 1) // 2
+        assert np.all(np.abs(y - gguf_rows(wrong, t) @ xr)[moved] > bound[moved])
+    if t in K.INT8_TYPES:
+        K._matvec_rows4(blocks.reshape(-1), K.KIND[t], x, False, y)
+        y8 = K.qmatvec(blocks, t, x, exact=False)
+        assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))
 
 @pytest.fixture(scope='module')
 def gemma3_gguf():

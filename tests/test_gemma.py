@@ -163,13 +163,32 @@ def test_greedy_continuation_matches_reference(name, ref_runs, runs):
 
 
 @needs_model
-def test_generate_loop_matches_reference(model, ids, ref_runs):
-    "`decode.generate` over `models.stepper` and a windowed KV cache: 32 greedy one-token steps."
+@pytest.mark.parametrize('name', ['english', 'long'])
+def test_generate_loop_matches_reference(model, ids, ref_runs, name):
+    """`decode.generate` over `models.stepper` and a windowed KV cache: 32 greedy one-token steps
+    on the fused engine (exact mode, `fused=True`: it must run Gemma 3's options), the reference's
+    tokens; 'long' is past the local layers' 512-position window."""
     params, c = model
-    cache = models.new_cache(c, len(ids['english']) + N_NEW)
+    cache = models.new_cache(c, len(ids[name]) + N_NEW)
     cfg = decode.GenerationConfig(max_new_tokens=N_NEW, temperature=0, ignore_eos=True)
-    gen = decode.generate(models.stepper(params, c, cache), ids['english'], cfg, None, cache)
-    assert [e.token for e in gen] == ref_runs['english'][1]
+    step = models.stepper(params, c, cache, exact=True, fused=True)
+    gen = decode.generate(step, ids[name], cfg, None, cache)
+    assert [e.token for e in gen] == ref_runs[name][1]
+
+
+@needs_model
+def test_fused_decode_parity(model, ids):
+    """Prefill n then k fused one-token steps equals the full forward, as SmolLM2's step does
+    (`test_llama.test_decode_parity`): exact mode to TOL; int8 activations (llama.cpp's scheme)
+    past TOL but within 3."""
+    params, c = model
+    t = ids['shakespeare'][:24]
+    full = lambda x: models.apply(params, x, c)
+    step = lambda exact: models.stepper(params, c, models.new_cache(c, 32), exact, True, fused=True)
+    exact = decode.decode_parity(step(True), full, t, 10)
+    assert exact.max() < TOL, exact
+    int8 = decode.decode_parity(step(False), full, t, 10)
+    assert int8[:10].max() < TOL and TOL < int8[10:].max() < 3, int8
 
 
 ALTERNATIVES = {  # what each decision would otherwise be
@@ -268,12 +287,13 @@ def test_tiny_gemma_matches_reference_at_every_position(tmp_path):
 
 
 def test_tiny_gemma_cached_decoding_equals_full_forward(tmp_path):
-    "Prefill 3, then 11 single steps through a windowed KV cache: the full forward's logits."
+    """Prefill 3, then 11 single steps (the fused engine's, exact mode) through a windowed KV
+    cache: the full forward's logits."""
     params, c = models.from_gguf(_tiny_gemma(tmp_path / 'tiny.gguf'))
     t = np.random.default_rng(2).integers(0, 96, 14)
     cache = models.new_cache(c, 16)
     assert cache.windows == [4] * 5 + [None]
-    gaps = decode.decode_parity(models.stepper(params, c, cache, all_logits=True),
+    gaps = decode.decode_parity(models.stepper(params, c, cache, True, all_logits=True),
                                 lambda x: models.apply(params, x, c), t, 3)
     assert gaps.shape == (14,) and gaps.max() < 1e-4, gaps
 
@@ -307,14 +327,15 @@ def test_refuses_other_architectures_by_name(tmp_path):
         models.from_gguf(p)
 
 
-def test_engine_refuses_gemma3_and_stepper_runs_forward(tmp_path):
-    "Every Gemma 3 option the fused engine lacks is named; the stepper runs forward instead."
+def test_engine_runs_tiny_gemma3(tmp_path):
+    """The fused engine implements every Gemma 3 option (NEOX RoPE, head norms, sandwich norms,
+    GeGLU, the embedding and query scales, per-layer windows and RoPE bases): a tiny random Gemma 3
+    runs on it, its one-token steps equal to the full forward in exact mode."""
     from gradus.lm import engine
     params, c = models.from_gguf(_tiny_gemma(tmp_path / 'tiny.gguf'))
-    bad = engine.unsupported(params, c)
-    for option in ('rope_interleaved=False', 'qk_norm=True', 'sandwich_norms=True',
-                   "activation='gelu_tanh'", 'embed_scale=', 'windows=', 'rope_bases='):
-        assert any(b.startswith(option) for b in bad), (option, bad)
-    t = np.array([1, 2, 3])
-    z = models.stepper(params, c, models.new_cache(c, 8), all_logits=True)(t, 0)
+    assert engine.unsupported(params, c) == []
+    t = np.array([1, 2, 3, 4])
+    step = models.stepper(params, c, models.new_cache(c, 8), exact=True, all_logits=True,
+                          fused=True)
+    z = np.concatenate([step(t[:1], 0)] + [step(t[i:i + 1], i) for i in range(1, 4)])
     assert np.abs(z - models.apply(params, t, c)).max() < 1e-4

@@ -402,28 +402,46 @@ def test_decode_step_refusals(model):
         engine.decode_step(params, c, models.new_cache(c, 8), c.vocab_size, 0, ws)
     mixed = {**params, 'layers': [{**params['layers'][0], 'wq': params['output']}]
              + params['layers'][1:]}
-    with pytest.raises(FormatError, match='Q4_1'):
+    with pytest.raises(FormatError, match=r'layers.0.wq shape \(49152, 576\), not \(576, 576\)'):
         engine.workspace(mixed, c)
 
 
 @needs_model
 @pytest.mark.parametrize('option, value', [
     ('rope_interleaved', False), ('qk_norm', True), ('sandwich_norms', True),
-    ('activation', 'gelu_tanh'), ('embed_scale', 24.0), ('query_scale', 0.25),
-    ('windows', (512,) + (None,) * 29), ('rope_bases', (1e4,) + (1e5,) * 29)])
-def test_engine_refuses_each_option_it_does_not_implement(model, option, value):
-    """The engine implements Llama's options only: each other value is named by `unsupported`,
-    refused by `workspace` with a ConfigError naming it, and `models.stepper` then runs forward."""
+    ('activation', 'gelu_tanh'), ('activation', 'gelu'), ('embed_scale', 24.0),
+    ('query_scale', 0.25), ('windows', (4,) + (None,) * 29), ('rope_bases', (1e4,) + (1e5,) * 29)])
+def test_engine_runs_each_option(model, option, value):
+    """Each of the family options runs on the engine: SmolLM2's weights under the option (unit
+    head and sandwich norms where it adds them), five fused steps in exact mode equal to the full
+    forward of the same config, which moved the logits."""
     params, c = model
     other = c._replace(**{option: value})
-    assert engine.unsupported(params, c) == [] and engine.unsupported(params, other) == [
-        f"{option}={value!r}"]
-    with pytest.raises(ConfigError, match=f"does not implement {option}="):
+    assert engine.unsupported(params, other) == []
+    p = params
+    if option in ('qk_norm', 'sandwich_norms'):
+        keys = (('q_norm', c.head_dim), ('k_norm', c.head_dim)) if option == 'qk_norm' else (
+            ('post_attn_norm', c.dim), ('post_ffn_norm', c.dim))
+        p = {**params, 'layers': [{**lp, **{k: np.full(n, 0.5, np.float32) for k, n in keys}}
+                                  for lp in params['layers']]}
+    t = np.array([1, 504, 2365, 6354, 16438])
+    step = models.stepper(p, other, models.new_cache(other, 8), exact=True, fused=True)
+    got = np.stack([step(t[i:i + 1], i) for i in range(5)])
+    want = models.apply(p, t, other)
+    assert np.abs(got - want).max() < 1e-3
+    assert np.abs(want - models.apply(params, t, c)).max() > 1e-2
+
+
+@needs_model
+def test_engine_refuses_what_it_does_not_implement(model):
+    "An unknown gate and a matrix of another shape are named; `workspace` refuses them."
+    params, c = model
+    other = c._replace(activation='relu')
+    assert engine.unsupported(params, other) == ["activation='relu'"]
+    with pytest.raises(ConfigError, match="does not implement activation='relu'"):
         engine.workspace(params, other, 8)
-    with pytest.raises(ConfigError, match=option):
+    with pytest.raises(ConfigError, match='activation'):
         models.stepper(params, other, models.new_cache(other, 8), fused=True)
-    assert engine.unsupported(params, c._replace(query_scale=c.head_dim ** -0.5)) == []
-    assert engine.unsupported(params, c._replace(rope_bases=(c.rope_base,) * 30)) == []
     assert engine.unsupported(params, gpt.GPTConfig(5)) == ['config=GPTConfig']
 
 

@@ -11,10 +11,10 @@ the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory
 `--decode-only` alternates only the decode runs (`--tokens` each) and adds each side's best round,
 the closest a shared machine gets to a quiet measurement.
 Gemma 3 270M (Q4_K_M, the `gemma` extra) follows when installed (`--gemma-only`: only it): the same
-rates through `models.stepper` (on models.forward: the engine refuses Gemma 3's options), llama.cpp
-on the same file, and the share of a decode token that is the 262,144 x 640 output head (bytes and
-time). numba's threading layer is the commands' (`gradus.lm.chat`): 'workqueue' unless
-NUMBA_THREADING_LAYER names another.
+rates through `models.stepper` (one-token steps on the fused engine; the general path,
+models.forward, `fused=False`, beside it), llama.cpp on the same file, and the share of a decode
+token that is the 262,144 x 640 output head (bytes and time). numba's threading layer is the
+commands' (`gradus.lm.chat`): 'workqueue' unless NUMBA_THREADING_LAYER names another.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
                                             [--gemma-only]
 """
@@ -139,8 +139,9 @@ def gemma(rounds):
         models.forward(params, ids, config, cache, 0, last_only=True)
         return time.perf_counter() - t0
 
-    def g_decode():
-        step = models.stepper(params, config, models.new_cache(config, len(short) + N_DECODE + 1))
+    def g_decode(fused=True):
+        step = models.stepper(params, config, models.new_cache(config, len(short) + N_DECODE + 1),
+                              fused=fused)
         z, t0 = step(short, 0), time.perf_counter()
         for i in range(N_DECODE):
             z = step([int(np.argmax(z))], len(short) + i)
@@ -153,10 +154,11 @@ def gemma(rounds):
     except ImportError:
         llm = None
     g_decode()                                                     # warm the kernels
-    res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'l_dec')}
+    res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'g_gen', 'l_dec')}
     for _ in range(rounds):
         res['g_pre'].append(g_prefill())
         res['g_dec'].append(g_decode())
+        res['g_gen'].append(g_decode(fused=False))
         if llm:
             res['l_pre'].append(llama_prefill(llm, ids)[0])
             res['l_dec'].append(llama_decode(llm, short)[0])
@@ -167,7 +169,8 @@ def gemma(rounds):
         line += (f" | llama.cpp {N_PROMPT / med['l_pre']:7.1f} tok/s"
                  f" | ratio {pre * med['l_pre'] / N_PROMPT:.2f}x")
     print(line)
-    line = f"Gemma 3 270M: decode {N_DECODE} tokens gradus {dec:7.1f} tok/s (models.stepper)"
+    line = (f"Gemma 3 270M: decode {N_DECODE} tokens gradus {dec:7.1f} tok/s (fused engine; "
+            f"models.forward {N_DECODE / med['g_gen']:.1f} tok/s)")
     if llm:
         line += (f" | llama.cpp {N_DECODE / med['l_dec']:7.1f} tok/s"
                  f" | ratio {dec * med['l_dec'] / N_DECODE:.2f}x")

@@ -1,7 +1,9 @@
 """One token at a time, as one parallel region whose workers claim rows from atomic counters: the
-row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass) in five stages per
-layer, a decode step proved against `models.apply`. The engine implements Llama's options and
-refuses every other (`unsupported`, `check`), with LoRA adapters (`lora.attach`) or without;
+row kernels of `qkernels` (int8 activations as llama.cpp, four rows per pass, every block type of
+SmolLM2's and Gemma 3's files) in five stages per layer (eight with Gemma's head and sandwich
+norms), a decode step proved against `models.apply` for both families. The engine implements
+Llama's and Gemma 3's options and names what it does not (`unsupported`, `check`), with LoRA
+adapters (`lora.attach`) or without;
 `models.stepper` runs one-token steps on it where it applies (and so do the `gradus generate` and
 `gradus chat` commands of `gradus.lm.chat`, `--lora` included)."""
 
@@ -20,7 +22,8 @@ from ..transformer.attention import rope_angles
 from .qkernels import (FASTMATH, KIND, SCALE_FIELDS, activation_side, atomic_add,
                                 atomic_load, dequant_row, f32, finite, kernel_rows,
                                 nonfinite_scale, yield_core)
-from ..formats.quants import GGMLType, dequantize
+from ..core.ops import GELU_A, GELU_C
+from ..formats.quants import BLOCK, GGMLType, dequantize
 from ..errors import ConfigError, FormatError, NonFiniteError
 
 # %% ../../nbs/lm/26_engine.ipynb #llama035
@@ -46,14 +49,28 @@ def _rope_pair(y, i, D, cos, sin):
     a, b = y[i], y[i + 1]
     y[i], y[i + 1] = a * c - b * s, a * s + b * c
 
+
+@njit(cache=True, fastmath=FASTMATH)
+def _rope_head(y, cos, sin, interleaved):
+    """Rotate one head `y` `(D,)` in place: adjacent pairs `(2i, 2i + 1)` (`interleaved`, Llama's
+    GGUF rows) or halves `(i, i + D/2)` (NEOX's pairing, Gemma's), pair `i` by angle `i`."""
+    D = y.shape[0]
+    if interleaved:
+        for i in range(0, D, 2):
+            _rope_pair(y, i, D, cos, sin)
+        return
+    for i in range(D // 2):
+        a, b = y[i], y[i + D // 2]
+        y[i], y[i + D // 2] = a * cos[i] - b * sin[i], a * sin[i] + b * cos[i]
+
 # %% ../../nbs/lm/26_engine.ipynb #llama036
 @njit(cache=True, fastmath=FASTMATH, error_model='numpy')
-def _attend_head(q, keys, values, t0, t1, out, s):
+def _attend_head(q, keys, values, t0, t1, out, s, scale):
     """One query `q` `(D,)` against cached rows `t0 … t1−1` of `keys`, `values` `(n, D)` -> `out`
-    `(D,)` (`scaled_dot_product_attention` for one head; `s`: scratch scores); returns whether
-    every output is finite."""
+    `(D,)` (`scaled_dot_product_attention` for one head, its scores times the float32 `scale`:
+    1/√D, or a model's own query scale; `s`: scratch scores); returns whether every output is
+    finite."""
     D, m = q.shape[0], -np.inf
-    scale = f32(1 / math.sqrt(D))
     for t in range(t0, t1):
         a = f32(0)
         for j in range(D):
@@ -115,10 +132,15 @@ def _wait(sync, st, n):
 class Workspace(NamedTuple):
     """What a decode step needs besides the cache, made once per model: the matrices as one typed
     list (`weights`: wq wk wv wo w_gate w_up w_down of each layer, then the head; views, no copy),
-    the norm gains `(2·L + 1, dim)`, the block kinds, per-worker scratch (leading axis:
-    `numba.config.NUMBA_NUM_THREADS`; `scores` up to the capacity), vectors the workers share, the
-    stage counters `sync` (two a stage, then the stop), the logits, and `flags`, the reasons a
-    token stopped (`_SLOTS` a layer, the final norm, the head, then a worker that raised). Then
+    the norm gains `(2·L + 1, dim)`, each matrix's block kind (`kinds`, int64 `(7·L + 1,)`,
+    `qkernels.KIND`), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
+    norms `(L, 2, dim)` (after attention, after the MLP) where the model has them
+    (else `(L, 2, 0)`),
+    per-worker scratch (leading axis: `numba.config.NUMBA_NUM_THREADS`; `scores` up to the
+    capacity), vectors the workers share (`y`: an output projection's rows before a sandwich
+    norm), the stage counters `sync` (two a stage, then the stop), the logits, and `flags`, the
+    reasons a token stopped (`_SLOTS` a layer, the final norm, the head, then a worker that
+    raised). Then
     the LoRA adapters (see *Adapters on the fused path*), one entry a matrix of `weights`:
     `lora_a`, `lora_b` typed lists of float32 `A (r, cols)`, `B (rows, r)` (an unadapted matrix:
     `(0, 0)` each), `lora_scale` `(7·L + 1,)` float32 α/r (0: none), `lu` per-worker `u = A·x`
@@ -126,7 +148,9 @@ class Workspace(NamedTuple):
 
     weights: object
     norms: np.ndarray
-    kinds: tuple
+    kinds: np.ndarray
+    head_norms: np.ndarray
+    post_norms: np.ndarray
     h: np.ndarray
     xv: np.ndarray
     xa: np.ndarray
@@ -138,6 +162,7 @@ class Workspace(NamedTuple):
     qkv: np.ndarray
     att: np.ndarray
     ff: np.ndarray
+    y: np.ndarray
     sync: np.ndarray
     logits: np.ndarray
     flags: np.ndarray
@@ -148,11 +173,13 @@ class Workspace(NamedTuple):
 
 
 _NAMES = ('wq', 'wk', 'wv', 'wo', 'w_gate', 'w_up', 'w_down')
-_LLAMA = {'rope_interleaved': True, 'qk_norm': False, 'sandwich_norms': False,
-          'activation': 'silu', 'embed_scale': 1.0}   # the options the kernels implement
-_SLOTS = ('attn_norm', 'attn_q', 'attn_k', 'attn_v', 'attention', 'attn_output', 'ffn_norm',
-          'ffn_gate', 'ffn_up', 'swiglu', 'ffn_down')  # a layer's flags: what went non-finite
+_GATES = ('silu', 'gelu_tanh', 'gelu')  # the gated MLP's gates the engine has (`models.GATES`)
+_SLOTS = ('attn_norm', 'attn_q', 'attn_k', 'attn_v', 'attn_q_norm', 'attn_k_norm', 'attention',
+          'attn_output', 'post_attention_norm', 'ffn_norm', 'ffn_gate', 'ffn_up', 'gated',
+          'ffn_down', 'post_ffw_norm')  # a layer's flags: what went non-finite, in token order
 _PER = len(_SLOTS)
+_STAGES = 8  # a layer's stages: Q/K/V, heads, attention, output projection, its sandwich norm,
+# gate/up, down, its sandwich norm (Llama runs no heads stage and no sandwich norms)
 
 
 def _base(w):
@@ -195,45 +222,64 @@ def _lora_arrays(w):
             float(w.scale))
 
 
+def _shapes(params, c) -> list:
+    """The matrices of `params` (their bases) whose shapes are not the config's, each as text:
+    `wq` `(H·D, dim)`, `wk`, `wv` `(Hkv·D, dim)`, `wo` `(dim, H·D)`, `w_gate`, `w_up` `(ffn, dim)`,
+    `w_down` `(dim, ffn)`, the head `(vocab, dim)`, and blocks of as many bytes as the shape and
+    block type make: the kernels read rows by these sizes."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    want = dict(zip(_NAMES, ((q, c.dim), (kv, c.dim), (kv, c.dim), (c.dim, q), (c.ffn_dim, c.dim),
+                             (c.ffn_dim, c.dim), (c.dim, c.ffn_dim))))
+    out = [f"layers.{i}.{k} shape {tuple(_base(lp[k]).shape)}, not {want[k]}"
+           for i, lp in enumerate(params['layers']) for k in _NAMES
+           if tuple(_base(lp[k]).shape) != want[k]]
+    if tuple(params['output'].shape) != (c.vocab_size, c.dim):
+        out.append(f"output shape {tuple(params['output'].shape)}, not {(c.vocab_size, c.dim)}")
+    named = [(f"layers.{i}.{k}", _base(lp[k])) for i, lp in enumerate(params['layers'])
+             for k in _NAMES] + [('output', params['output'])]
+    for at, w in named:   # the kernels read rows of blocks by these sizes: they must be the bytes
+        bs, ts = BLOCK.get(w.type, (1, 0))
+        rows, cols = w.shape
+        if w.type in KIND and (cols % bs or w.blocks.nbytes != rows * (cols // bs) * ts):
+            out.append(f"{at} shape {tuple(w.shape)}, not {w.blocks.nbytes} bytes of "
+                       f"{GGMLType(w.type).name} blocks")
+    return out
+
+
 def unsupported(params, config) -> list:
     """What the engine does not implement of a `models.DecoderConfig` and its `params`, each as
-    `'option=value'` text: any option that is not Llama's (`rope_interleaved=True`, no `qk_norm`,
-    no `sandwich_norms`, `activation='silu'`, `embed_scale=1`, `query_scale` None or
-    1/√head_dim, no sliding `windows`, one RoPE base), and layer matrices that do not share one of
-    Q4_0, Q4_1, Q8_0 or a head in another. LoRA adapters (`qlinear.Adapted`, `lora.attach`) on
-    layer matrices run (their bases count as the matrices); refused, naming the matrix, are what
-    `_lora_refusals` lists (an adapted head, arrays that are not numpy's, shapes that do not fit,
-    dropout with a key). Empty: the engine runs this model."""
+    text: an `activation` other than `_GATES` (SwiGLU's silu, GeGLU's tanh-GELU, exact GELU), a
+    matrix whose block type is not one of `qkernels.KIND` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    Q6_K; each matrix its own), one whose shape is not the config's. Every other option runs: both
+    RoPE pairings, head norms, sandwich norms, the embedding and query scales, per-layer sliding
+    windows (the cache's `starts`) and RoPE bases (Llama's and Gemma 3's options). LoRA adapters
+    (`qlinear.Adapted`, `lora.attach`) on layer matrices run (their bases count as the matrices);
+    refused, naming the matrix, are what `_lora_refusals` lists (an adapted head, arrays that are
+    not numpy's, shapes that do not fit, dropout with a key). Empty: the engine runs this model."""
     fields = getattr(config, '_fields', ())
     if 'rope_interleaved' not in fields: return [f"config={type(config).__name__}"]
-    c, out = config, [f"{k}={getattr(config, k)!r}" for k, v in _LLAMA.items()
-                      if getattr(config, k) != v]
-    if c.query_scale is not None and not math.isclose(c.query_scale, 1 / math.sqrt(c.head_dim)):
-        out.append(f"query_scale={c.query_scale!r}")
-    if any(w is not None for w in c.windows): out.append(f"windows={c.windows!r}")
-    if any(b != c.rope_base for b in c.rope_bases): out.append(f"rope_bases={c.rope_bases!r}")
+    out = [] if config.activation in _GATES else [f"activation={config.activation!r}"]
     bad = _lora_refusals(params)
     if bad: return out + bad
     mats = [_base(lp[k]) for lp in params['layers'] for k in _NAMES] + [params['output']]
-    kinds = {w.type for w in mats[:-1]}
-    if len(kinds) != 1 or not (kinds | {mats[-1].type}) <= set(KIND):
-        got = sorted(GGMLType(t).name for t in kinds | {mats[-1].type})
+    kinds = {w.type for w in mats}
+    if not kinds <= set(KIND):
+        got = sorted(GGMLType(t).name for t in kinds - set(KIND))
         out.append(f"block types={got}")
-    return out
+    return out + _shapes(params, config)
 
 
 def check(params, config):
     """Raise unless the engine implements `config` and `params` (see `unsupported`): `ConfigError`
-    naming every option it does not implement, or `FormatError` naming the block types when those
-    are all that is wrong."""
+    naming every option it does not implement, or `FormatError` naming the block types or the
+    shapes when those are all that is wrong."""
     bad = unsupported(params, config)
     if not bad: return
-    kinds = [b for b in bad if b.startswith('block types')]
-    if kinds == bad:
-        raise FormatError(f"decode_step needs one of {[t.name for t in KIND]} for all layer "
-                          f"matrices and one for the head, got {bad[0].split('=')[1]}")
-    raise ConfigError(f"the fused engine does not implement {', '.join(bad)} (it runs Llama's "
-                      f"options; models.stepper runs this model on models.forward)")
+    if all(b.startswith('block types') or ' shape ' in b for b in bad):
+        raise FormatError(f"decode_step reads {[t.name for t in KIND]} matrices of the config's "
+                          f"shapes, got {'; '.join(bad)}")
+    raise ConfigError(f"the fused engine does not implement {', '.join(bad)} (models.stepper runs "
+                      f"this model on models.forward)")
 
 
 def _number(v):
@@ -270,25 +316,44 @@ def workspace(params, c, capacity=None) -> Workspace:
     nodes = [lp[k] for lp in params['layers'] for k in _NAMES] + [params['output']]
     mats, lo = [_base(w) for w in nodes], [_lora_arrays(w) for w in nodes]
     norms = [g for lp in params['layers'] for g in (lp['attn_norm'], lp['ffn_norm'])]
+    L, D = c.n_layers, c.head_dim
+    def gains(keys, n):   # (L, 2, n) float32; (L, 2, 0) for a model without them
+        n = n if any(k in lp for lp in params['layers'] for k in keys) else 0
+        return np.array([[lp[k] if n else np.zeros(0) for k in keys] for lp in params['layers']],
+                        np.float32).reshape(L, 2, n)
     T, n = numba.config.NUMBA_NUM_THREADS, max(c.dim, c.ffn_dim, c.n_heads * c.head_dim)
     f = lambda *s: np.zeros(s, np.float32)
     cap = c.context_length if capacity is None else capacity
     return Workspace(
         numba.typed.List([w.blocks.reshape(-1) for w in mats]),
         np.stack(norms + [params['norm']]).astype(np.float32),
-        (KIND[mats[0].type], KIND[mats[-1].type]),
-        f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32), f(T, 4, 32), f(T, 2, 4), f(T, cap),
+        np.array([KIND[w.type] for w in mats], np.int64),
+        gains(('q_norm', 'k_norm'), D), gains(('post_attn_norm', 'post_ffn_norm'), c.dim),
+        f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32), f(T, 4, 32), f(T, 2, 16),
+        f(T, cap),
         f((c.n_heads + 2 * c.n_kv_heads) * c.head_dim), f(c.n_heads * c.head_dim), f(c.ffn_dim),
-        np.zeros(2 * (5 * c.n_layers + 1) + 1, np.int64), f(c.vocab_size),
-        np.zeros(_PER * c.n_layers + 3, np.int64),
+        f(c.dim), np.zeros(2 * (_STAGES * L + 1) + 1, np.int64), f(c.vocab_size),
+        np.zeros(_PER * L + 3, np.int64),
         numba.typed.List([a for a, _, _ in lo]), numba.typed.List([b for _, b, _ in lo]),
         np.array([s for _, _, s in lo], np.float32), f(T, 3, max(a.shape[0] for a, _, _ in lo)))
 
 # %% ../../nbs/lm/26_engine.ipynb #llama040
+@njit(inline='always', fastmath=FASTMATH, error_model='numpy')
+def _gate(g, act):
+    """The gated MLP's gate of a float32 `g`: silu `g·σ(g)` (`act` 0, SwiGLU), the tanh-GELU
+    `g·σ(2c(g + a·g³))` (1, GeGLU: `ops.gelu`'s form, c = √(2/π), a = 0.044715; Hendrycks & Gimpel
+    2016), the exact GELU `½g·erfc(−g/√2)` (2). `exp` overflows to inf only where the gate is 0."""
+    if act == 0: return g / (f32(1) + np.exp(-g))
+    if act == 1: return g / (f32(1) + np.exp(f32(-2 * GELU_C) * (g + f32(GELU_A) * (g * g * g))))
+    return f32(0.5) * g * f32(math.erfc(-g * f32(1 / math.sqrt(2))))
+
+
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
-def _stage_rows(w, w2, kind, mode, nb, n, a, acc, out, y, sync, st, flags, why, why_in, lo):
+def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags, why, why_in,
+                lo):
     """Claim chunks of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]` (mode 0),
-    `y[r] += (W·x)[r]` (1: a residual add), `y[r] = silu((W·x)[r])·(W2·x)[r]` (2: SwiGLU). A chunk
+    `y[r] += (W·x)[r]` (1: a residual add), `y[r] = gate((W·x)[r])·(W2·x)[r]` (2: the gated MLP,
+    `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the block kinds of W and W2. A chunk
     with a value that is not finite is left unfinished and stops the token (`_stop`) for reason
     `why` (mode 2: `why` for W's rows, `why + 1` for W2's, `why + 2` for the product); so does a
     chunk claimed while the worker's input `a` is not finite (`why_in`, else −1). `lo`: the
@@ -306,7 +371,8 @@ def _stage_rows(w, w2, kind, mode, nb, n, a, acc, out, y, sync, st, flags, why, 
         for r in range(c0, c1, 4):
             nr = min(4, c1 - r)
             for m in range(2 if mode == 2 else 1):  # one call site: one inlined copy
-                kernel_rows(w2 if m else w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out[m])
+                kernel_rows(w2 if m else w, kinds[m], r, nr, nb, xv, xa, xd, xs, exact, acc,
+                            out[m])
                 _lora_add(b2 if m else b, u[m], scale[m], r, nr, out[m])
             for i in range(nr):
                 g = out[0, i]
@@ -315,7 +381,7 @@ def _stage_rows(w, w2, kind, mode, nb, n, a, acc, out, y, sync, st, flags, why, 
                 else:
                     ok0 &= finite(g)
                     ok1 &= finite(out[1, i])
-                    y[r + i] = g / (f32(1) + np.exp(-g)) * out[1, i]
+                    y[r + i] = _gate(g, act) * out[1, i]
                 ok2 &= finite(y[r + i])
         if not (ok0 and ok1 and ok2):
             _stop(sync, flags, why + (0 if mode != 2 or not ok0 else (1 if not ok1 else 2)))
@@ -324,10 +390,12 @@ def _stage_rows(w, w2, kind, mode, nb, n, a, acc, out, y, sync, st, flags, why, 
 
 
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
-def _stage_qkv(wq, wk, wv, kind, nb, a, acc, out, qkv, nq, nk, D, cos, sin, ck, cv, pos, sync, st,
-               flags, why, why_in, lo):
-    """Claim chunks of the rows of `[Q; K; V]` (`nq + 2·nk`): each chunk's mat-vec rows, RoPE on its
-    query and key pairs, its key and value rows stored in the cache at `pos`. A chunk with a value
+def _stage_qkv(wq, wk, wv, kinds, nb, a, acc, out, qkv, nq, nk, D, rope, cos, sin, ck, cv, pos,
+               sync, st, flags, why, why_in, lo):
+    """Claim chunks of the rows of `[Q; K; V]` (`nq + 2·nk`; `kinds` the three block kinds): each
+    chunk's mat-vec rows, then with `rope` (adjacent pairs, no head norms: Llama) RoPE on its query
+    and key pairs and its key rows stored in the cache at `pos` (else the heads stage does both,
+    `_stage_heads`); its value rows stored in the cache. A chunk with a value
     that is not finite stops the token for reason `why`, `why + 1` or `why + 2` (its first such
     row's matrix: Q, K or V), one claimed while the input is not finite for `why_in`. `lo`: the
     adapters of Q, K and V (`_lora_add`, before RoPE)."""
@@ -345,46 +413,93 @@ def _stage_qkv(wq, wk, wv, kind, nb, a, acc, out, qkv, nq, nk, D, cos, sin, ck, 
             w, b, m, base, lim = (wq, bq, 0, 0, nq) if r < nq else (
                 (wk, bk, 1, nq, nq + nk) if r < nq + nk else (wv, bv, 2, nq + nk, n))
             nr = min(4, min(c1, lim) - r)
-            kernel_rows(w, kind, r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
+            kernel_rows(w, kinds[m], r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
             _lora_add(b, u[m], scale[m], r - base, nr, out[0])
             for j in range(nr): qkv[r + j] = out[0, j]  # a loop, not a slice copy: see _token
             r += nr
-        for i in range(c0, min(c1, nq + nk), 2):  # chunks start even; nq is a multiple of D
-            _rope_pair(qkv, i, D, cos, sin)
+        if rope:
+            for i in range(c0, min(c1, nq + nk), 2):  # chunks start even; nq is a multiple of D
+                _rope_pair(qkv, i, D, cos, sin)
         bad = 3
         for i in range(c0, c1):
             if not finite(qkv[i]): bad = min(bad, 0 if i < nq else (1 if i < nq + nk else 2))
         if bad < 3:
             _stop(sync, flags, why + bad)
             return
-        for i in range(max(c0, nq), c1):
+        for i in range(max(c0, nq if rope else nq + nk), c1):
             j = (i - nq) % nk
             (ck if i < nq + nk else cv)[j // D, pos, j % D] = qkv[i]
         _finish(sync, st, c1 - c0)
 
+
+@njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
+def _stage_heads(qkv, H, Hkv, D, g, qk_norm, interleaved, eps, cos, sin, ck, pos, sync, st, flags,
+                 why):
+    """Claim the `H` query heads and `Hkv` key heads of `qkv` (head `u` at `u·D`: the keys follow
+    the queries) one at a time: the head's RMS norm (`qk_norm`, gains `g[0]` for a query, `g[1]`
+    for a key), then RoPE (`_rope_head`, either pairing); a key head is then stored in the cache
+    at `pos`. A head that is not finite stops the token for reason `why` (a query) or `why + 1`."""
+    while not _stopped(sync):
+        u = _claim(sync, st, 1)
+        if u >= H + Hkv: return
+        key, v = u >= H, qkv[u * D : (u + 1) * D]
+        ok = _rms_norm(v, g[1 if key else 0], eps, v) if qk_norm else True
+        _rope_head(v, cos, sin, interleaved)
+        for j in range(D):
+            ok &= finite(v[j])
+        if not ok:
+            _stop(sync, flags, why + (1 if key else 0))
+            return
+        if key:
+            for j in range(D):
+                ck[u - H, pos, j] = v[j]
+        _finish(sync, st, 1)
+
+
+@njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
+def _stage_residual(x, y, g, eps, sync, st, flags, why):
+    """A sandwich norm's stage, one unit: `x += rms_norm(y)·g` (Gemma's norm of the attention's or
+    the MLP's output before the residual add, `y` the rows of its projection) by the worker that
+    claims it; a value that is not finite stops the token for reason `why`."""
+    if _stopped(sync) or _claim(sync, st, 1) >= 1: return
+    ok = _rms_norm(y, g, eps, y)
+    for j in range(x.shape[0]):
+        x[j] += y[j]
+        ok &= finite(x[j])
+    if not ok:
+        _stop(sync, flags, why)
+        return
+    _finish(sync, st, 1)
+
 # %% ../../nbs/lm/26_engine.ipynb #llama041
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
-def _stage_attend(qkv, ck, cv, t0, t1, H, D, group, att, s, sync, st, flags, why):
-    """Claim query heads one at a time: attention of head `h` over cache rows `t0 … t1−1` -> `att`;
-    a head whose output is not finite stops the token for reason `why`."""
+def _stage_attend(qkv, ck, cv, t0, t1, H, D, group, scale, att, s, sync, st, flags, why):
+    """Claim query heads one at a time: attention of head `h` over cache rows `t0 … t1−1` -> `att`
+    (scores times `scale`); a head whose output is not finite stops the token for reason `why`."""
     while not _stopped(sync):
         h = _claim(sync, st, 1)
         if h >= H: return
         o = h * D
         if not _attend_head(qkv[o : o + D], ck[h // group], cv[h // group], t0, t1, att[o : o + D],
-                            s):
+                            s, scale):
             _stop(sync, flags, why)
             return
         _finish(sync, st, 1)
 
 
 class _Model(NamedTuple):
-    "What a token's workers read of the model: matrices, norm gains, RMSNorm ε, block kinds, heads."
+    "What a token's workers read of the model: matrices, norm gains, the family's options, heads."
     W: object                 # numba typed list of the matrices' blocks (see `Workspace.weights`)
+    kinds: np.ndarray         # (7·L + 1,) int64 their block kinds (`qkernels.KIND`)
     norms: np.ndarray         # (2·L + 1, dim)
+    head_norms: np.ndarray    # (L, 2, head_dim): query, key (used with qk_norm)
+    post_norms: np.ndarray    # (L, 2, dim): after attention, after the MLP (used with sandwich)
     eps: float
-    kind: int                 # the layer matrices' block kind (`qkernels`)
-    hkind: int                # the head's
+    interleaved: bool         # RoPE on adjacent pairs (Llama's GGUF rows), else on halves (NEOX)
+    qk_norm: bool             # an RMS norm of every query and key head
+    sandwich: bool            # an RMS norm of the attention's and the MLP's outputs
+    act: int                  # the gate (`_gate`): 0 silu, 1 tanh-GELU, 2 GELU
+    qscale: np.float32        # the attention scores' scale
     H: int                    # query heads
     Hkv: int                  # key/value heads
     D: int                    # head size
@@ -396,72 +511,97 @@ class _Model(NamedTuple):
 class _Token(NamedTuple):
     "What differs from token to token: its embedding, RoPE's cos and sin, the reserved cache rows."
     x: np.ndarray             # (dim,) the residual stream, updated in place
-    cos: np.ndarray           # (head_dim / 2,)
+    cos: np.ndarray           # (L, head_dim / 2): each layer's angles (its own RoPE base)
     sin: np.ndarray
     ck: np.ndarray            # (L, n_kv_heads, ≥ pos + 1, head_dim): the KV cache's arrays
     cv: np.ndarray
-    starts: np.ndarray        # (L,) the first row each layer attends to
+    starts: np.ndarray        # (L,) the first row each layer attends to (its window)
     pos: int
+
+
+@njit(inline='always')
+def _wait_residual(sync, st, sandwich, n):
+    """Until the residual stream that the output projection or down of stage `st` (`n` rows)
+    adds to is complete: its rows, or with sandwich norms the one-unit norm stage after it."""
+    return _wait(sync, st + 1, 1) if sandwich else _wait(sync, st, n)
 
 
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
 def _worker(i, m, tk, ws, sync, flags, exact):
     """All that worker `i` does for one token `tk` of the model `m`: per layer, its own norm and
-    activation rounding and its share of five stages (QKV, attention, output projection,
-    gate/up, down), then the head; before each stage it waits until the rows it reads are done.
-    A value that is not finite stops the token (`flags`: `_SLOTS` a layer, then the final norm and
-    the head); the worker then leaves, and so does every other at its next wait. A norm that is
-    not finite counts only once its worker claims a chunk that reads it: a late worker may norm a
-    residual stream that the others have already moved on (its norm is then never used), so only
-    a claim proves that the stream it read was the one of its stage. No exception leaves it: one
-    raised all the same (none is known) stops the token with the last reason of `flags`, so no
-    other worker waits for its rows. An adapted matrix: the worker first makes its own `u = A·x`
-    from the float32 input of the stage (`_lora_u`), and each row it claims adds `scale·B[r]·u`."""
-    h, xv, xa, xd, xs, acc, out, sc, qkv, att, ff, logits, lu = ws
-    W, norms, eps, kind, hkind, H, Hkv, D, LA, LB, LS = m
+    activation rounding and its share of the stages (`_STAGES`: Q/K/V; the heads, where the model
+    norms them or pairs RoPE by halves; attention; the output projection; its sandwich norm, where
+    the model has one; gate/up; down; its sandwich norm), then the head; before each stage it
+    waits until the rows it reads are done. A value that is not finite stops the token (`flags`:
+    `_SLOTS` a layer, then the final norm and the head); the worker then leaves, and so does every
+    other at its next wait. A norm that is not finite counts only once its worker claims a chunk
+    that reads it: a late worker may norm a residual stream that the others have already moved on
+    (its norm is then never used), so only a claim proves that the stream it read was the one of
+    its stage. No exception leaves it: one raised all the same (none is known) stops the token
+    with the last reason of `flags`, so no other worker waits for its rows. An adapted matrix: the
+    worker first makes its own `u = A·x` from the float32 input of the stage (`_lora_u`), and each
+    row it claims adds `scale·B[r]·u`."""
+    h, xv, xa, xd, xs, acc, out, sc, qkv, att, ff, y, logits, lu = ws
+    W, K, norms, hn, pn, eps, interleaved, qk_norm, sw, act, qscale, H, Hkv, D, LA, LB, LS = m
     x, cos, sin, ck, cv, starts, pos = tk
     dim, nff, nq, nk, L = x.shape[0], ff.shape[0], H * D, Hkv * D, norms.shape[0] // 2
-    put, add, swiglu = np.int64(0), np.int64(1), np.int64(2)  # _stage_rows's modes as run-time
+    put, add, gated = np.int64(0), np.int64(1), np.int64(2)  # _stage_rows's modes as run-time
     # values: one compiled _stage_rows serves all three (literals 0, 1, 2 would compile it thrice)
     fine = np.int64(-1)                                # an input with no reason to stop, likewise
+    heads = qk_norm or not interleaved                 # RoPE (and the norms) a whole head at once
+    res = put if sw else add         # how the output projection and down reach the residual stream
     xvi, xai, xdi, xsi = xv[i], xa[i], xd[i], xs[i]           # this worker's activation side
     hi, a, acc, out, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), acc[i], out[i], lu[i]
     try:
         for l in range(L):
-            s, w, f = 5 * l, 7 * l, _PER * l
-            if l > 0 and not _wait(sync, s - 1, dim): return
+            s, w, f = _STAGES * l, 7 * l, _PER * l
+            if l > 0 and not _wait_residual(sync, s - 2, sw, dim): return
             normed = _rms_norm(x, norms[2 * l], eps, hi)
             activation_side(hi, dim, exact, xvi, xai, xdi, xsi)
             for k in range(3): _lora_u(LA[w + k], hi, u[k])
-            _stage_qkv(W[w], W[w + 1], W[w + 2], kind, dim // 32, a, acc, out, qkv, nq, nk, D,
-                       cos, sin, ck[l], cv[l], pos, sync, s, flags, f + 1, fine if normed else f,
+            _stage_qkv(W[w], W[w + 1], W[w + 2], (K[w], K[w + 1], K[w + 2]), dim // 32, a, acc, out,
+                       qkv, nq, nk, D, not heads, cos[l], sin[l], ck[l], cv[l], pos, sync, s,
+                       flags, f + 1, fine if normed else f,
                        (LB[w], LB[w + 1], LB[w + 2], u, LS[w : w + 3]))
             if not _wait(sync, s, nq + 2 * nk): return
-            _stage_attend(qkv, ck[l], cv[l], starts[l], pos + 1, H, D, H // Hkv, att, sc[i],
-                          sync, s + 1, flags, f + 4)
-            if not _wait(sync, s + 1, H): return
+            if heads:
+                _stage_heads(qkv, H, Hkv, D, hn[l], qk_norm, interleaved, eps, cos[l], sin[l],
+                             ck[l], pos, sync, s + 1, flags, f + (4 if qk_norm else 1))
+                if not _wait(sync, s + 1, H + Hkv): return
+            _stage_attend(qkv, ck[l], cv[l], starts[l], pos + 1, H, D, H // Hkv, qscale, att,
+                          sc[i], sync, s + 2, flags, f + 6)
+            if not _wait(sync, s + 2, H): return
             activation_side(att, nq, exact, xvi, xai, xdi, xsi)
             _lora_u(LA[w + 3], att, u[0])
-            _stage_rows(W[w + 3], W[w + 3], kind, add, nq // 32, dim, a, acc, out, x, sync,
-                        s + 2, flags, f + 5, fine, (LB[w + 3], LB[w + 3], u, LS[w + 3 : w + 5]))
-            if not _wait(sync, s + 2, dim): return
+            _stage_rows(W[w + 3], W[w + 3], (K[w + 3], K[w + 3]), res, act, nq // 32, dim, a, acc,
+                        out, y if sw else x, sync, s + 3, flags, f + 7, fine,
+                        (LB[w + 3], LB[w + 3], u, LS[w + 3 : w + 5]))
+            if sw:
+                if not _wait(sync, s + 3, dim): return
+                _stage_residual(x, y, pn[l, 0], eps, sync, s + 4, flags, f + 8)
+            if not _wait_residual(sync, s + 3, sw, dim): return
             normed = _rms_norm(x, norms[2 * l + 1], eps, hi)
             activation_side(hi, dim, exact, xvi, xai, xdi, xsi)
             _lora_u(LA[w + 4], hi, u[0])
             _lora_u(LA[w + 5], hi, u[1])
-            _stage_rows(W[w + 4], W[w + 5], kind, swiglu, dim // 32, nff, a, acc, out, ff, sync,
-                        s + 3, flags, f + 7, fine if normed else f + 6,
+            _stage_rows(W[w + 4], W[w + 5], (K[w + 4], K[w + 5]), gated, act, dim // 32, nff, a,
+                        acc, out, ff, sync, s + 5, flags, f + 10, fine if normed else f + 9,
                         (LB[w + 4], LB[w + 5], u, LS[w + 4 : w + 6]))
-            if not _wait(sync, s + 3, nff): return
+            if not _wait(sync, s + 5, nff): return
             activation_side(ff, nff, exact, xvi, xai, xdi, xsi)
             _lora_u(LA[w + 6], ff, u[0])
-            _stage_rows(W[w + 6], W[w + 6], kind, add, nff // 32, dim, a, acc, out, x, sync,
-                        s + 4, flags, f + 10, fine, (LB[w + 6], LB[w + 6], u, LS[w + 6 : w + 8]))
-        if not _wait(sync, 5 * L - 1, dim): return
+            _stage_rows(W[w + 6], W[w + 6], (K[w + 6], K[w + 6]), res, act, nff // 32, dim, a, acc,
+                        out, y if sw else x, sync, s + 6, flags, f + 13, fine,
+                        (LB[w + 6], LB[w + 6], u, LS[w + 6 : w + 8]))
+            if sw:
+                if not _wait(sync, s + 6, dim): return
+                _stage_residual(x, y, pn[l, 1], eps, sync, s + 7, flags, f + 14)
+        if not _wait_residual(sync, _STAGES * L - 2, sw, dim): return
         normed = _rms_norm(x, norms[2 * L], eps, hi)
         activation_side(hi, dim, exact, xvi, xai, xdi, xsi)
-        _stage_rows(W[7 * L], W[7 * L], hkind, put, dim // 32, logits.shape[0], a, acc, out,
-                    logits, sync, 5 * L, flags, _PER * L + 1, fine if normed else _PER * L,
+        _stage_rows(W[7 * L], W[7 * L], (K[7 * L], K[7 * L]), put, act, dim // 32,
+                    logits.shape[0], a, acc, out, logits, sync, _STAGES * L, flags, _PER * L + 1,
+                    fine if normed else _PER * L,
                     (LB[7 * L], LB[7 * L], u, LS[7 * L : 7 * L + 2]))  # the head: no adapter
     except Exception:
         _stop(sync, flags, flags.shape[0] - 1)
@@ -475,11 +615,14 @@ def _token(n, m, tk, ws, sync, flags, exact):
         # unsigned)
 
 # %% ../../nbs/lm/26_engine.ipynb #llama043
+_ROW_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)  # what `qkernels.dequant_row` decodes
+
+
 def _embedding(params, token):
     "The float32 embedding row `(dim,)` of `token`; `IndexError` naming an id outside the vocab."
     e = params['embed']
     if not 0 <= token < e.shape[0]: raise IndexError(f"token id {token} outside [0, {e.shape[0]})")
-    if e.type not in KIND: return dequantize(e.blocks[token], e.type).reshape(e.shape[1])
+    if e.type not in _ROW_TYPES: return dequantize(e.blocks[token], e.type).reshape(e.shape[1])
     x = np.empty(e.shape[1], np.float32)
     dequant_row(e.blocks.reshape(-1), KIND[e.type], token, e.shape[1], x)
     return x
@@ -490,15 +633,23 @@ _SAYS = {  # what each of a layer's `_SLOTS` names: the tensor, and what of the 
     'attn_q': ('wq', "the queries (its product, then RoPE)"),
     'attn_k': ('wk', "the keys (its product, then RoPE)"),
     'attn_v': ('wv', "the values (its product)"),
+    'attn_q_norm': ('q_norm', "the RMSNorm (ε = {eps}) of each query head, then RoPE"),
+    'attn_k_norm': ('k_norm', "the RMSNorm (ε = {eps}) of each key head, then RoPE"),
     'attention': (None, "the attention (softmax of the queries against the cached keys, times the "
                         "cached values); those are finite: a score overflowed float32"),
-    'attn_output': ('wo', "the residual stream, after its product is added"),
+    'attn_output': ('wo', "the residual stream, after its product is added (or, with a sandwich "
+                          "norm, its product)"),
+    'post_attention_norm': ('post_attn_norm', "the RMSNorm (ε = {eps}) of the attention's output, "
+                                              "then the residual stream it is added to"),
     'ffn_norm': ('ffn_norm', "the RMSNorm (ε = {eps}) of the residual stream"),
     'ffn_gate': ('w_gate', "the gate (its product)"),
     'ffn_up': ('w_up', "the up projection (its product)"),
-    'swiglu': (None, "the SwiGLU product silu(gate)·up of blk.{l}.ffn_gate.weight and "
-                     "blk.{l}.ffn_up.weight; those are finite: the product overflowed float32"),
-    'ffn_down': ('w_down', "the residual stream, after its product is added")}
+    'gated': (None, "the gated product {act}(gate)·up of blk.{l}.ffn_gate.weight and "
+                    "blk.{l}.ffn_up.weight; those are finite: the product overflowed float32"),
+    'ffn_down': ('w_down', "the residual stream, after its product is added (or, with a sandwich "
+                           "norm, its product)"),
+    'post_ffw_norm': ('post_ffn_norm', "the RMSNorm (ε = {eps}) of the MLP's output, then the "
+                                       "residual stream it is added to")}
 
 
 _GGUF = {'wq': 'attn_q', 'wk': 'attn_k', 'wv': 'attn_v', 'wo': 'attn_output',
@@ -572,7 +723,7 @@ def _stopped_at(params, c, flags) -> str:
         return f"{head}: the logits (its product){_cause(params['output'])}"
     l, slot = divmod(k, _PER)
     key, says = _SAYS[_SLOTS[slot]]
-    says = says.format(eps=c.norm_eps, l=l)
+    says = says.format(eps=c.norm_eps, l=l, act=c.activation)
     if key is None: return f"layer {l}: {says}"
     return f"blk.{l}.{_SLOTS[slot]}.weight: {says}{_cause(params['layers'][l][key])}"
 
@@ -601,11 +752,15 @@ def decode_step(params, config, cache, token, pos, ws, exact=False) -> np.ndarra
         e = params['embed']
         raise NonFiniteError(f"{at}: row {token} of token_embd.weight is not finite"
                              f"{_cause(e._replace(blocks=e.blocks[token:token + 1]), token)}")
-    ang = rope_angles([pos], c.head_dim, c.rope_base)[0]
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    bases = c.rope_bases or (c.rope_base,) * c.n_layers          # each layer's RoPE base
+    ang = {b: rope_angles([pos], c.head_dim, b)[0] for b in set(bases)}  # (head_dim/2,) a base
+    shape = (c.n_layers, c.head_dim // 2)
+    cos = np.array([np.cos(ang[b]) for b in bases], np.float32).reshape(shape)  # (L, head_dim/2)
+    sin = np.array([np.sin(ang[b]) for b in bases], np.float32).reshape(shape)
     if not (np.isfinite(cos).all() and np.isfinite(sin).all()):
         raise ConfigError(f"{at}: RoPE's angles are not finite (config.rope_base = "
-                          f"{c.rope_base!r}, head_dim {c.head_dim})")
+                          f"{c.rope_base!r}, rope_bases {c.rope_bases!r}, head_dim {c.head_dim})")
+    x = x * np.float32(c.embed_scale)                        # as models.forward scales it
     ck, cv, starts = cache.reserve(pos, 1)                   # (L, H_kv, pos + 1, D) views
     # the workers read rows < pos + 1 only, so they get the whole arrays when the views are of them:
     # one layout (C) for numba; a view is C-contiguous too once pos + 1 is the capacity, and that
@@ -613,8 +768,11 @@ def decode_step(params, config, cache, token, pos, ws, exact=False) -> np.ndarra
     ck, cv = (cache.k if ck.base is cache.k else ck), (cache.v if cv.base is cache.v else cv)
     ws.sync[:], ws.flags[:] = 0, 0
     scratch = (ws.h, ws.xv, ws.xa, ws.xd, ws.xs, ws.acc, ws.out, ws.scores, ws.qkv, ws.att, ws.ff,
-               ws.logits, ws.lu)
-    m = _Model(ws.weights, ws.norms, float(c.norm_eps), *ws.kinds, c.n_heads, c.n_kv_heads,
+               ws.y, ws.logits, ws.lu)
+    qscale = 1 / math.sqrt(c.head_dim) if c.query_scale is None else c.query_scale
+    m = _Model(ws.weights, ws.kinds, ws.norms, ws.head_norms, ws.post_norms, float(c.norm_eps),
+               bool(c.rope_interleaved), bool(c.qk_norm), bool(c.sandwich_norms),
+               _GATES.index(c.activation), np.float32(qscale), c.n_heads, c.n_kv_heads,
                c.head_dim, ws.lora_a, ws.lora_b, ws.lora_scale)
     _token(numba.get_num_threads(), m, _Token(x, cos, sin, ck, cv, starts, int(pos)), scratch,
            ws.sync, ws.flags, exact)

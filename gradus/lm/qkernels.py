@@ -224,8 +224,10 @@ def finite(v):
     return (_bits32(v) & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
 
 # %% ../../nbs/lm/25a_qkernels_speed.ipynb #llama028
-_Q4_0, _Q4_1, _Q8_0 = 0, 1, 2
-KIND = {GGMLType.Q4_0: _Q4_0, GGMLType.Q4_1: _Q4_1, GGMLType.Q8_0: _Q8_0}
+_Q4_0, _Q4_1, _Q8_0, _Q5_0, _Q5_1, _Q4_K, _Q6_K = range(7)
+KIND = {GGMLType.Q4_0: _Q4_0, GGMLType.Q4_1: _Q4_1, GGMLType.Q8_0: _Q8_0, GGMLType.Q5_0: _Q5_0,
+        GGMLType.Q5_1: _Q5_1, GGMLType.Q4_K: _Q4_K,
+        GGMLType.Q6_K: _Q6_K}  # the engine's block kinds
 _U = _u64  # unsigned indices: numba then emits no negative-index wraparound
 
 
@@ -338,13 +340,157 @@ def _q8_rows(w, r, nr, nb, x, xd, acc, out, n16):
         out[i] = s
 
 
+
+# %% ../../nbs/lm/25a_qkernels_speed.ipynb #qs-more-kinds
+@njit(inline='always', boundscheck=False)
+def _rows_at(r, nr, rb):
+    "Byte offsets of rows `r … r+3`, `rb` bytes a row; rows past `r + nr − 1` repeat that row."
+    o0 = _U(r) * rb
+    return (o0, o0 + rb * _U(min(1, nr - 1)), o0 + rb * _U(min(2, nr - 1)),
+            o0 + rb * _U(min(3, nr - 1)))
+
+
+@njit(inline='always', fastmath=FASTMATH, boundscheck=False)
+def _q5_rows(w, q51, r, nr, nb, x, xd, xs, acc, out):
+    """Rows `r … r+nr−1` (`nr ≤ 4`) of a Q5_0/Q5_1 matrix `w` (flat uint8, `nb` blocks a row) ·
+    activations `x` -> `out[:nr]`. A block: the float16 scale `e` (Q5_1 then its minimum `m`),
+    32 bits `qh`, 16 bytes `qs`; code `j < 16` is the low nibble of `qs[j]` with bit `j` of `qh`
+    as its fifth bit, code `16 + j` the high nibble with bit `16 + j`. Values `e·(c − 16)` (Q5_0),
+    `e·c + m` (Q5_1): the offset and the minimum enter once per block, times its sum `xs`."""
+    ts = _U(24 if q51 else 22)
+    w16, rb = w.view(np.uint16), _U(nb) * ts
+    o = _rows_at(r, nr, rb)
+    for i in range(4):
+        for j in range(16):
+            acc[i, j] = 0
+    for i in range(4):
+        out[i] = 0                                         # the minima's (offsets') terms
+    for k in range(nb):
+        xb, t, u = _U(32 * k), xd[k], xs[k]
+        for i in range(4):
+            b = o[i] + ts * _U(k)
+            e = _half(w16[b >> _U(1)])
+            out[i] += (_half(w16[(b >> _U(1)) + _U(1)]) if q51 else f32(-16) * e) * u
+            h = b + _U(4 if q51 else 2)
+            qh = (np.uint32(w[h]) | (np.uint32(w[h + _U(1)]) << np.uint32(8))
+                  | (np.uint32(w[h + _U(2)]) << np.uint32(16))
+                  | (np.uint32(w[h + _U(3)]) << np.uint32(24)))
+            q, a = h + _U(4), e * t
+            for j in range(16):
+                c = np.uint32(w[q + _U(j)])
+                lo = (c & np.uint32(15)) | (((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
+                hi = (c >> np.uint32(4)) | (((qh >> np.uint32(16 + j)) & np.uint32(1))
+                                            << np.uint32(4))
+                acc[i, j] += a * (f32(lo) * x[xb + _U(j)] + f32(hi) * x[xb + _U(16 + j)])
+    for i in range(4):
+        s = out[i]
+        for j in range(16):
+            s += acc[i, j]
+        out[i] = s
+
+
+@njit(inline='always', boundscheck=False)
+def _q4k_scale_min(w, s, j):
+    """Sub-block `j` (0-7) of a Q4_K block's 12 bytes of 6-bit scales and minima at byte `s`:
+    `(scale, min)` as float32 (ggml's `get_scale_min_k4`)."""
+    if j < 4: return f32(w[s + _U(j)] & 63), f32(w[s + _U(j + 4)] & 63)
+    a, b, c = w[s + _U(j + 4)], w[s + _U(j - 4)], w[s + _U(j)]
+    return f32((a & 15) | ((b >> 6) << 4)), f32((a >> 4) | ((c >> 6) << 4))
+
+
+@njit(inline='always', fastmath=FASTMATH, boundscheck=False)
+def _q4k_rows(w, r, nr, nb, x, xd, xs, acc, out):
+    """Rows `r … r+nr−1` of a Q4_K matrix · activations `x` -> `out[:nr]` (`nb` blocks of 32 a
+    row, eight to a 144-byte super-block: float16 `d` and `dmin`, 12 bytes of 6-bit scales and
+    minima, 128 bytes of nibbles). Sub-block `j`'s values are `d·sc_j·c − dmin·m_j`; its codes are
+    the low (`j` even) or high nibbles of bytes `32·(j // 2) …` of the codes. Each sub-block is
+    one activation block of 32, so its scale takes that block's `xd`, its minimum its sum `xs`."""
+    w16, rb = w.view(np.uint16), _U(nb // 8 * 144)
+    o = _rows_at(r, nr, rb)
+    for i in range(4):
+        for j in range(32):
+            acc[i, j] = 0
+    for i in range(4):
+        out[i] = 0                                         # the minima's (offsets') terms
+    for sb in range(nb // 8):
+        for i in range(4):
+            b = o[i] + _U(144 * sb)
+            d, dmin = _half(w16[b >> _U(1)]), _half(w16[(b >> _U(1)) + _U(1)])
+            for g in range(4):
+                k = 8 * sb + 2 * g                               # the activation block of 2g
+                s0, m0 = _q4k_scale_min(w, b + _U(4), 2 * g)
+                s1, m1 = _q4k_scale_min(w, b + _U(4), 2 * g + 1)
+                out[i] -= dmin * (m0 * xs[k] + m1 * xs[k + 1])
+                a0, a1, q, xb = d * s0 * xd[k], d * s1 * xd[k + 1], b + _U(16 + 32 * g), _U(32 * k)
+                for j in range(32):
+                    c = w[q + _U(j)]
+                    acc[i, j] += (a0 * f32(c & 15) * x[xb + _U(j)]
+                                  + a1 * f32(c >> 4) * x[xb + _U(32 + j)])
+    for i in range(4):
+        s = out[i]
+        for j in range(32):
+            s += acc[i, j]
+        out[i] = s
+
+
+@njit(inline='always', fastmath=FASTMATH, boundscheck=False)
+def _q6k_rows(w, r, nr, nb, x, xd, acc, out):
+    """Rows `r … r+nr−1` of a Q6_K matrix · activations `x` -> `out[:nr]` (a 210-byte super-block
+    of 256 weights: 128 bytes `ql` of low nibbles, 64 bytes `qh` of 2-bit pairs, 16 int8 scales, a
+    float16 `d`). Weight `n` is `d·sc[n // 16]·(c − 32)`; in each half `h` of 128 weights, byte `l`
+    (0-31) of `ql` at `64h` and of `qh` at `128 + 32h` make codes `128h + l` (low nibble of
+    `ql[l]`, bits 0-1 of `qh[l]`), `+ 32` (low nibble of `ql[32 + l]`, bits 2-3), `+ 64` (high
+    nibble of `ql[l]`, bits 4-5) and `+ 96` (high nibble of `ql[32 + l]`, bits 6-7)."""
+    wi, w16, rb = w.view(np.int8), w.view(np.uint16), _U(nb // 8 * 210)
+    o = _rows_at(r, nr, rb)
+    for i in range(4):
+        for j in range(16):
+            acc[i, j] = 0
+    for sb in range(nb // 8):
+        for i in range(4):
+            b = o[i] + _U(210 * sb)
+            d = _half(w16[(b + _U(208)) >> _U(1)])
+            for h in range(2):
+                ql, qh, sc, k = b + _U(64 * h), b + _U(128 + 32 * h), b + _U(192 + 8 * h), \
+                    8 * sb + 4 * h                        # k: the first of four activation blocks
+                for half in range(2):                     # weights l = 16·half … 16·half + 15
+                    s0 = d * f32(wi[sc + _U(half)]) * xd[k]
+                    s1 = d * f32(wi[sc + _U(2 + half)]) * xd[k + 1]
+                    s2 = d * f32(wi[sc + _U(4 + half)]) * xd[k + 2]
+                    s3 = d * f32(wi[sc + _U(6 + half)]) * xd[k + 3]
+                    for j in range(16):
+                        l = _U(16 * half + j)
+                        a, c, e = w[ql + l], w[ql + _U(32) + l], w[qh + l]
+                        xb = _U(32 * k) + l
+                        acc[i, j] += (
+                            s0 * (f32((a & 15) | ((e & 3) << 4)) - f32(32)) * x[xb]
+                            + s1 * (f32((c & 15) | (((e >> 2) & 3) << 4)) - f32(32))
+                            * x[xb + _U(32)]
+                            + s2 * (f32((a >> 4) | (((e >> 4) & 3) << 4)) - f32(32))
+                            * x[xb + _U(64)]
+                            + s3 * (f32((c >> 4) | ((e >> 6) << 4)) - f32(32)) * x[xb + _U(96)])
+    for i in range(4):
+        s = f32(0)
+        for j in range(16):
+            s += acc[i, j]
+        out[i] = s
+
+
 @njit(inline='always', fastmath=FASTMATH, boundscheck=False)
 def kernel_rows(w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out):
-    "Rows `r … r+nr−1` of a `kind` matrix · `activation_side`'s activations -> `out[:nr]`."
+    """Rows `r … r+nr−1` of a `kind` matrix (`KIND`; `nb` blocks of 32 weights a row) ·
+    `activation_side`'s activations -> `out[:nr]`."""
     if kind == _Q8_0:
         _q8_rows(w, r, nr, nb, xv, xd, acc, out, 16)
-    else:
+    elif kind == _Q4_0 or kind == _Q4_1:
         _q4_rows(w, kind == _Q4_1, r, nr, nb, xv if exact else xa, not exact, xd, xs, acc, out, 16)
+    elif kind == _Q5_0 or kind == _Q5_1:
+        _q5_rows(w, kind == _Q5_1, r, nr, nb, xv, xd, xs, acc, out)
+    elif kind == _Q4_K:
+        _q4k_rows(w, r, nr, nb, xv, xd, xs, acc, out)
+    else:
+        _q6k_rows(w, r, nr, nb, xv, xd, acc, out)
+
 
 # %% ../../nbs/lm/25a_qkernels_speed.ipynb #new-matvec
 @njit(cache=True, parallel=True, fastmath=FASTMATH, boundscheck=False)
