@@ -259,6 +259,23 @@ def test_four_row_kernels_both_modes(t, n_out):
         y8 = K.qmatvec(blocks, t, x, exact=False)
         assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))
 
+@pytest.mark.parametrize('seed', [0, 1])
+def test_q5_0_repacked_as_q8_0(seed):
+    """`q5_0_as_q8_0`, the engine's repacking at load: gguf-py decodes the Q8_0 blocks to the same
+    float32 bits as the Q5_0 ones (rows of blocks and a flat run alike); non-finite scales stay
+    where they were; bytes that are not whole 22-byte blocks are refused, naming the shape."""
+    b = finite_blocks(GGMLType.Q5_0, 3 * 7, seed)
+    b[5, :2] = np.array([np.float16(np.inf)]).view(np.uint8)
+    rows = b.reshape(3, 7 * 22)                                        # 3 rows of 7 blocks
+    got = K.q5_0_as_q8_0(rows)
+    assert got.shape == (3, 7 * 34) and got.dtype == np.uint8
+    theirs = gguf.quants.dequantize(rows, GQ.Q5_0).view(np.uint32)
+    assert np.array_equal(gguf.quants.dequantize(got, GQ.Q8_0).view(np.uint32), theirs)
+    assert np.array_equal(K.q5_0_as_q8_0(b.reshape(-1)), got.reshape(-1))
+    for bad in (rows[:, :-1], rows.astype(np.int16)):
+        with pytest.raises(FormatError, match='22-byte'):
+            K.q5_0_as_q8_0(bad)
+
 @pytest.fixture(scope='module')
 def gemma3_gguf():
     try: return G.gemma3_path()

@@ -21,7 +21,7 @@ from numba import njit, prange
 from ..transformer.attention import rope_angles
 from .qkernels import (FASTMATH, KIND, SCALE_FIELDS, activation_side, atomic_add,
                                 atomic_load, dequant_row, f32, finite, kernel_rows,
-                                nonfinite_scale, yield_core)
+                                nonfinite_scale, q5_0_as_q8_0, yield_core)
 from ..core.ops import GELU_A, GELU_C
 from ..formats.quants import BLOCK, GGMLType, dequantize
 from ..errors import ConfigError, FormatError, NonFiniteError
@@ -131,9 +131,10 @@ def _wait(sync, st, n):
 # %% ../../nbs/lm/26_engine.ipynb #llama039
 class Workspace(NamedTuple):
     """What a decode step needs besides the cache, made once per model: the matrices as one typed
-    list (`weights`: wq wk wv wo w_gate w_up w_down of each layer, then the head; views, no copy),
+    list (`weights`: wq wk wv wo w_gate w_up w_down of each layer, then the head; views, no copy,
+    except Q5_0 matrices, repacked as Q8_0: `_packed`),
     the norm gains `(2·L + 1, dim)`, each matrix's block kind (`kinds`, int64 `(7·L + 1,)`,
-    `qkernels.KIND`), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
+    `qkernels.KIND`, as read: Q8_0 for a repacked Q5_0), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
     norms `(L, 2, dim)` (after attention, after the MLP) where the model has them
     (else `(L, 2, 0)`),
     per-worker scratch (leading axis: `numba.config.NUMBA_NUM_THREADS`; `scores` up to the
@@ -307,6 +308,14 @@ def check_settings(config):
                               f"could be finite)")
 
 
+def _packed(w):
+    """A matrix's blocks (flat uint8) and kind as the engine reads them: Q5_0 repacked as Q8_0
+    (`qkernels.q5_0_as_q8_0`: the same weights, a faster kernel; a copy), the rest as they are
+    (views)."""
+    if w.type == GGMLType.Q5_0: return q5_0_as_q8_0(w.blocks).reshape(-1), KIND[GGMLType.Q8_0]
+    return w.blocks.reshape(-1), KIND[w.type]
+
+
 def workspace(params, c, capacity=None) -> Workspace:
     """A `Workspace` for `params` of a `models.DecoderConfig` `c`, for caches of at most `capacity`
     positions (default: the context length). Raises as `check` does for a model the engine does
@@ -314,7 +323,7 @@ def workspace(params, c, capacity=None) -> Workspace:
     check(params, c)
     check_settings(c)
     nodes = [lp[k] for lp in params['layers'] for k in _NAMES] + [params['output']]
-    mats, lo = [_base(w) for w in nodes], [_lora_arrays(w) for w in nodes]
+    mats, lo = [_packed(_base(w)) for w in nodes], [_lora_arrays(w) for w in nodes]
     norms = [g for lp in params['layers'] for g in (lp['attn_norm'], lp['ffn_norm'])]
     L, D = c.n_layers, c.head_dim
     def gains(keys, n):   # (L, 2, n) float32; (L, 2, 0) for a model without them
@@ -325,9 +334,9 @@ def workspace(params, c, capacity=None) -> Workspace:
     f = lambda *s: np.zeros(s, np.float32)
     cap = c.context_length if capacity is None else capacity
     return Workspace(
-        numba.typed.List([w.blocks.reshape(-1) for w in mats]),
+        numba.typed.List([b for b, _ in mats]),
         np.stack(norms + [params['norm']]).astype(np.float32),
-        np.array([KIND[w.type] for w in mats], np.int64),
+        np.array([k for _, k in mats], np.int64),
         gains(('q_norm', 'k_norm'), D), gains(('post_attn_norm', 'post_ffn_norm'), c.dim),
         f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32), f(T, 4, 32), f(T, 2, 16),
         f(T, cap),
