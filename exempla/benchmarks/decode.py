@@ -5,7 +5,9 @@ Prefill: tokens/s over a 512-token prompt (logits of the last position only, as 
 computes). Decode: tokens/s over 128 greedy tokens after a short prompt (end-of-generation ignored).
 Both sides run 2 threads, alternate round by round, and report the median of the rounds. llama.cpp
 is the `llama_cpp` package (llama-cpp-python) where importable; it is never a test dependency. Also
-printed: bytes of weights one decode token reads and the bandwidth that implies, the agreement of
+printed: the machine's memory read bandwidth (`qkernels.read_bandwidth`, a STREAM-style read of
+256 MiB on the same 2 threads, best of 5), bytes of weights one decode token reads and the
+bandwidth each side's rate implies, as a fraction of the measured one, the agreement of
 the two sides' logits (max |Δ| and greedy tokens), and the peak resident memory of
 `gradus generate` over 128 tokens (a separate process).
 `--decode-only` alternates only the decode runs (`--tokens` each) and adds each side's best round,
@@ -122,6 +124,14 @@ def peak_rss_generate(path):
     return peak, (r.stdout.strip().splitlines() or ['?'])[-1], r.returncode
 
 
+BW = None  # GB/s, measured once in main
+
+
+def of_bw(gbs):
+    "A rate in GB/s as a fraction of the measured read bandwidth."
+    return f"{gbs:.2f} GB/s ({gbs / BW:.0%} of the read bandwidth)" if BW else f"{gbs:.2f} GB/s"
+
+
 def gemma(rounds):
     "Gemma 3 270M beside SmolLM2: prefill and decode rates, llama.cpp on the same file, the head."
     try:
@@ -183,6 +193,10 @@ def gemma(rounds):
         qkernels.qmatvec(head.blocks, head.type, x)
         th.append(time.perf_counter() - t0)
     wb = weight_bytes(params)
+    line = f"Gemma 3 270M: weights read per decode token -> gradus {of_bw(wb * dec / 1e9)}"
+    if llm:
+        line += f", llama.cpp {of_bw(wb * N_DECODE / med['l_dec'] / 1e9)}"
+    print(line)
     print(f"Gemma 3 270M: weights read per decode token {wb / 2**20:.1f} MiB, of which the output "
           f"head {head.blocks.nbytes / 2**20:.1f} MiB ({head.blocks.nbytes / wb:.0%}); the head "
           f"alone "
@@ -207,7 +221,7 @@ def decode_only(params, config, llm, short, rounds):
 
 
 def main():
-    global N_DECODE
+    global N_DECODE, BW
     ap = argparse.ArgumentParser()
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--decode-only', action='store_true')
@@ -216,6 +230,9 @@ def main():
     args = ap.parse_args()
     N_DECODE = args.tokens
     numba.set_num_threads(THREADS)
+    BW = qkernels.read_bandwidth()
+    print(f"memory read bandwidth (STREAM-style, 256 MiB, {THREADS} threads, best of 5): "
+          f"{BW:.1f} GB/s")
     if args.gemma_only:
         print(f"load (1/5/15 min) before: {load()}")
         return gemma(args.rounds)
@@ -286,11 +303,11 @@ def main():
     wb = weight_bytes(params)
     print(
         f"\nweights read per decode token: {wb / 2**20:.1f} MiB -> gradus "
-        f"{wb * dec / 1e9:.2f} GB/s",
+        f"{of_bw(wb * dec / 1e9)}",
         end='',
     )
     if llm:
-        print(f", llama.cpp {wb * N_DECODE / med['l_dec'] / 1e9:.2f} GB/s", end='')
+        print(f", llama.cpp {of_bw(wb * N_DECODE / med['l_dec'] / 1e9)}", end='')
     print(f"\nrounds: {args.rounds} (median); load after: {load()}")
     if llm:
         zg, zl = gradus_prefill(params, config, ids)[1], llama_prefill(llm, ids)[1]
