@@ -11,6 +11,7 @@ RoPE; the reference undoes that permutation (`_unpermute`) so that it runs the m
 import re
 import struct
 
+import numba
 import numpy as np
 import pytest
 
@@ -430,6 +431,27 @@ def test_engine_runs_each_option(model, option, value):
     want = models.apply(p, t, other)
     assert np.abs(got - want).max() < 1e-3
     assert np.abs(want - models.apply(params, t, c)).max() > 1e-2
+
+
+@needs_model
+@pytest.mark.parametrize('sandwich', [False, True])
+def test_engine_runs_a_model_without_layers(model, sandwich):
+    """No layers (the embedding, the final norm and the head: how `26_engine` times the head
+    alone): the fused step returns, on every number of workers, the logits of the full forward of
+    the same config, which are not the model's."""
+    params, c = model
+    none = c._replace(n_layers=0, sandwich_norms=sandwich)
+    p = {**params, 'layers': []}
+    want = models.apply(p, np.array([504]), none)[0]
+    for n in (1, 2):
+        numba.set_num_threads(n)
+        try:
+            got = engine.decode_step(p, none, models.new_cache(none, 4), 504, 0,
+                                     engine.workspace(p, none, 4), exact=True)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert np.abs(got - want).max() < 1e-3, n
+    assert np.abs(want - models.apply(params, np.array([504]), c)[0]).max() > 1
 
 
 @needs_model

@@ -132,9 +132,9 @@ def _wait(sync, st, n):
 class Workspace(NamedTuple):
     """What a decode step needs besides the cache, made once per model: the matrices as one typed
     list (`weights`: wq wk wv wo w_gate w_up w_down of each layer, then the head; views, no copy,
-    except Q5_0 matrices, repacked as Q8_0: `_packed`),
-    the norm gains `(2·L + 1, dim)`, each matrix's block kind (`kinds`, int64 `(7·L + 1,)`,
-    `qkernels.KIND`, as read: Q8_0 for a repacked Q5_0), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
+    except Q5_0 matrices, repacked as Q8_0: `_packed`), the norm gains `(2·L + 1, dim)`, each
+    matrix's block kind (`kinds`, int64 `(7·L + 1,)`, `qkernels.KIND`, as read: Q8_0 for a
+    repacked Q5_0), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
     norms `(L, 2, dim)` (after attention, after the MLP) where the model has them
     (else `(L, 2, 0)`),
     per-worker scratch (leading axis: `numba.config.NUMBA_NUM_THREADS`; `scores` up to the
@@ -605,7 +605,7 @@ def _worker(i, m, tk, ws, sync, flags, exact):
             if sw:
                 if not _wait(sync, s + 6, dim): return
                 _stage_residual(x, y, pn[l, 1], eps, sync, s + 7, flags, f + 14)
-        if not _wait_residual(sync, _STAGES * L - 2, sw, dim): return
+        if L > 0 and not _wait_residual(sync, _STAGES * L - 2, sw, dim): return  # no layers: x
         normed = _rms_norm(x, norms[2 * L], eps, hi)
         activation_side(hi, dim, exact, xvi, xai, xdi, xsi)
         _stage_rows(W[7 * L], W[7 * L], (K[7 * L], K[7 * L]), put, act, dim // 32,

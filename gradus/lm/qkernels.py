@@ -601,7 +601,7 @@ import numba
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH, boundscheck=False)
 def _read_sum(a, parts):
-    "`Σ a` of a float32 `a` in `parts` contiguous slices, a parallel iteration each (the timed read)."
+    "`Σ a` of a float32 `a` in `parts` contiguous slices, a thread each: the timed read."
     n, out = _U(a.shape[0] // parts), np.zeros(parts, np.float32)
     for i in prange(parts):
         t = f32(0)
