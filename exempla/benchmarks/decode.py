@@ -15,7 +15,9 @@ the closest a shared machine gets to a quiet measurement.
 Gemma 3 270M (Q4_K_M, the `gemma` extra) follows when installed (`--gemma-only`: only it): the same
 rates through `models.stepper` (one-token steps on the fused engine; the general path,
 models.forward, `fused=False`, beside it), llama.cpp on the same file, and the share of a decode
-token that is the 262,144 x 640 output head (bytes and time). numba's threading layer is the
+token that is the 262,144 x 640 output head (bytes, and time: the engine with no layers, which
+the SmolLM2 section also prints), and the peak RSS of `gradus generate` for it (no chat template:
+plain text). numba's threading layer is the
 commands' (`gradus.lm.chat`): 'workqueue' unless NUMBA_THREADING_LAYER names another.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
                                             [--gemma-only]
@@ -98,16 +100,31 @@ def weight_bytes(params):
     return layer + params['norm'].nbytes + params['output'].blocks.nbytes
 
 
-def peak_rss_generate(path):
+def head_ms(params, config, n=16):
+    """Milliseconds a token of the fused engine with no layers (the embedding row, the final norm
+    and the output head), the median of `n` steps: the head's time inside the engine."""
+    from gradus.lm import engine
+    p, c = {**params, 'layers': []}, config._replace(n_layers=0, windows=(), rope_bases=())
+    ws, cache, ts = engine.workspace(p, c, n + 1), models.new_cache(c, n + 1), []
+    engine.decode_step(p, c, cache, 1, 0, ws)
+    for pos in range(1, n + 1):
+        t0 = time.perf_counter()
+        engine.decode_step(p, c, cache, 100 + pos, pos, ws)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e3
+
+
+def peak_rss_generate(path, chat=True):
     """Peak RSS (MiB) and last line of `python -m gradus generate` over 128 greedy tokens, in a
-    child under GNU time (`%M`): the child's own peak, not this process's pages copied at fork."""
+    child under GNU time (`%M`): the child's own peak, not this process's pages copied at fork.
+    `chat=False` for a GGUF without a chat template (Gemma 3 270M): the prompt as plain text."""
     cmd = ['/usr/bin/time', '-f', 'maxrss_kib %M', 
         sys.executable,
         '-m',
         'gradus',
         'generate',
         'Tell me a story about a lighthouse.',
-        '--chat',
+        *(['--chat'] if chat else []),
         '--gguf',
         str(path),
         '--max-new-tokens',
@@ -186,12 +203,7 @@ def gemma(rounds):
                  f" | ratio {dec * med['l_dec'] / N_DECODE:.2f}x")
     print(line)
     head = params['output']
-    x = np.random.default_rng(0).standard_normal(config.dim).astype(np.float32)
-    th = []
-    for _ in range(9):
-        t0 = time.perf_counter()
-        qkernels.qmatvec(head.blocks, head.type, x)
-        th.append(time.perf_counter() - t0)
+    th = [head_ms(params, config) for _ in range(3)]
     wb = weight_bytes(params)
     line = f"Gemma 3 270M: weights read per decode token -> gradus {of_bw(wb * dec / 1e9)}"
     if llm:
@@ -199,9 +211,13 @@ def gemma(rounds):
     print(line)
     print(f"Gemma 3 270M: weights read per decode token {wb / 2**20:.1f} MiB, of which the output "
           f"head {head.blocks.nbytes / 2**20:.1f} MiB ({head.blocks.nbytes / wb:.0%}); the head "
-          f"alone "
-          f"{np.median(th) * 1e3:.1f} ms of a {med['g_dec'] / N_DECODE * 1e3:.1f} ms token "
-          f"({np.median(th) / (med['g_dec'] / N_DECODE):.0%}); load after: {load()}")
+          f"alone (the engine with no layers) "
+          f"{np.median(th):.1f} ms ({head.blocks.nbytes / np.median(th) / 1e6:.1f} GB/s) of a "
+          f"{med['g_dec'] / N_DECODE * 1e3:.1f} ms token "
+          f"({np.median(th) / 1e3 / (med['g_dec'] / N_DECODE):.0%}); load after: {load()}")
+    peak, last, rc = peak_rss_generate(path, chat=False)
+    print(f"Gemma 3 270M: gradus generate, {N_DECODE} tokens: peak RSS {peak:.0f} MiB (exit {rc}); "
+          f"its last line: {last}")
 
 
 def decode_only(params, config, llm, short, rounds):
@@ -308,6 +324,10 @@ def main():
     )
     if llm:
         print(f", llama.cpp {of_bw(wb * N_DECODE / med['l_dec'] / 1e9)}", end='')
+    hm = float(np.median([head_ms(params, config) for _ in range(3)]))
+    print(f"\nthe output head ({params['output'].blocks.nbytes / 2**20:.1f} MiB) in the engine: "
+          f"{hm:.2f} ms a token ({of_bw(params['output'].blocks.nbytes / hm / 1e6)}) of "
+          f"{med['g_dec'] / N_DECODE * 1e3:.2f} ms", end='')
     print(f"\nrounds: {args.rounds} (median); load after: {load()}")
     if llm:
         zg, zl = gradus_prefill(params, config, ids)[1], llama_prefill(llm, ids)[1]
