@@ -2426,6 +2426,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gradus.lm.engine._attend_head': ('lm/engine.html#_attend_head', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._base': ('lm/engine.html#_base', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._cause': ('lm/engine.html#_cause', 'gradus/lm/engine.py'),
+                                  'gradus.lm.engine._chunk': ('lm/engine.html#_chunk', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._claim': ('lm/engine.html#_claim', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._embedding': ('lm/engine.html#_embedding', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._finish': ('lm/engine.html#_finish', 'gradus/lm/engine.py'),

@@ -92,7 +92,16 @@ def _attend_head(q, keys, values, t0, t1, out, s, scale):
     return ok
 
 # %% ../../nbs/lm/26_engine.ipynb #new-sync
-_CHUNK = 32  # rows per claim
+_CHUNK = 32  # rows per claim (at least)
+_CLAIMS = 64  # a large matrix (the head) is cut into about this many claims
+
+
+@njit(inline='always')
+def _chunk(n):
+    """Rows a claim of a stage of `n` rows takes: `_CHUNK`, or for a large matrix a multiple of it
+    near `n / _CLAIMS`, so that each worker streams long runs of rows (the hardware prefetchers
+    follow a run) instead of runs of 32 interleaved with the other workers'."""
+    return max(_CHUNK, n // _CLAIMS // _CHUNK * _CHUNK)
 
 
 @njit(inline='always')
@@ -157,8 +166,6 @@ class Workspace(NamedTuple):
     xa: np.ndarray
     xd: np.ndarray
     xs: np.ndarray
-    acc: np.ndarray
-    out: np.ndarray
     scores: np.ndarray
     qkv: np.ndarray
     att: np.ndarray
@@ -338,7 +345,7 @@ def workspace(params, c, capacity=None) -> Workspace:
         np.stack(norms + [params['norm']]).astype(np.float32),
         np.array([k for _, k in mats], np.int64),
         gains(('q_norm', 'k_norm'), D), gains(('post_attn_norm', 'post_ffn_norm'), c.dim),
-        f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32), f(T, 4, 32), f(T, 2, 16),
+        f(T, n), f(T, n), f(T, n), f(T, n // 32), f(T, n // 32),
         f(T, cap),
         f((c.n_heads + 2 * c.n_kv_heads) * c.head_dim), f(c.n_heads * c.head_dim), f(c.ffn_dim),
         f(c.dim), np.zeros(2 * (_STAGES * L + 1) + 1, np.int64), f(c.vocab_size),
@@ -360,7 +367,7 @@ def _gate(g, act):
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
 def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags, why, why_in,
                 lo):
-    """Claim chunks of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]` (mode 0),
+    """Claim chunks (`_chunk`) of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]` (mode 0),
     `y[r] += (W·x)[r]` (1: a residual add), `y[r] = gate((W·x)[r])·(W2·x)[r]` (2: the gated MLP,
     `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the block kinds of W and W2. A chunk
     with a value that is not finite is left unfinished and stops the token (`_stop`) for reason
@@ -369,13 +376,14 @@ def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags,
     adapters of W and W2 (`_lora_add`; zero-size B: none)."""
     xv, xa, xd, xs, exact = a
     b, b2, u, scale = lo
+    ch = _chunk(n)
     while not _stopped(sync):
-        c0 = _claim(sync, st, _CHUNK)
+        c0 = _claim(sync, st, ch)
         if c0 >= n: return
         if why_in >= 0:
             _stop(sync, flags, why_in)
             return
-        c1 = min(c0 + _CHUNK, n)
+        c1 = min(c0 + ch, n)
         ok0, ok1, ok2 = True, True, True
         for r in range(c0, c1, 4):
             nr = min(4, c1 - r)
@@ -550,7 +558,7 @@ def _worker(i, m, tk, ws, sync, flags, exact):
     with the last reason of `flags`, so no other worker waits for its rows. An adapted matrix: the
     worker first makes its own `u = A·x` from the float32 input of the stage (`_lora_u`), and each
     row it claims adds `scale·B[r]·u`."""
-    h, xv, xa, xd, xs, acc, out, sc, qkv, att, ff, y, logits, lu = ws
+    h, xv, xa, xd, xs, sc, qkv, att, ff, y, logits, lu = ws
     W, K, norms, hn, pn, eps, interleaved, qk_norm, sw, act, qscale, H, Hkv, D, LA, LB, LS = m
     x, cos, sin, ck, cv, starts, pos = tk
     dim, nff, nq, nk, L = x.shape[0], ff.shape[0], H * D, Hkv * D, norms.shape[0] // 2
@@ -560,7 +568,10 @@ def _worker(i, m, tk, ws, sync, flags, exact):
     heads = qk_norm or not interleaved                 # RoPE (and the norms) a whole head at once
     res = put if sw else add         # how the output projection and down reach the residual stream
     xvi, xai, xdi, xsi = xv[i], xa[i], xd[i], xs[i]           # this worker's activation side
-    hi, a, acc, out, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), acc[i], out[i], lu[i]
+    hi, a, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), lu[i]
+    acc, out = np.empty((4, 32), np.float32), np.empty((2, 16), np.float32)  # the row kernels'
+    # lanes and sums: this worker's own arrays (slices of one shared array scaled to no second
+    # thread: see *Two threads*)
     try:
         for l in range(L):
             s, w, f = _STAGES * l, 7 * l, _PER * l
@@ -776,7 +787,7 @@ def decode_step(params, config, cache, token, pos, ws, exact=False) -> np.ndarra
     # second layout compiled `_token` a second time (30-50 s) as a conversation filled its cache
     ck, cv = (cache.k if ck.base is cache.k else ck), (cache.v if cv.base is cache.v else cv)
     ws.sync[:], ws.flags[:] = 0, 0
-    scratch = (ws.h, ws.xv, ws.xa, ws.xd, ws.xs, ws.acc, ws.out, ws.scores, ws.qkv, ws.att, ws.ff,
+    scratch = (ws.h, ws.xv, ws.xa, ws.xd, ws.xs, ws.scores, ws.qkv, ws.att, ws.ff,
                ws.y, ws.logits, ws.lu)
     qscale = 1 / math.sqrt(c.head_dim) if c.query_scale is None else c.query_scale
     m = _Model(ws.weights, ws.kinds, ws.norms, ws.head_norms, ws.post_norms, float(c.norm_eps),
