@@ -367,9 +367,9 @@ def _gate(g, act):
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
 def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags, why, why_in,
                 lo):
-    """Claim chunks (`_chunk`) of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]` (mode 0),
-    `y[r] += (W·x)[r]` (1: a residual add), `y[r] = gate((W·x)[r])·(W2·x)[r]` (2: the gated MLP,
-    `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the block kinds of W and W2. A chunk
+    """Claim chunks (`_chunk`) of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]`
+    (mode 0), `y[r] += (W·x)[r]` (1: a residual add), `y[r] = gate((W·x)[r])·(W2·x)[r]` (2: the
+    gated MLP, `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the block kinds of W and W2. A chunk
     with a value that is not finite is left unfinished and stops the token (`_stop`) for reason
     `why` (mode 2: `why` for W's rows, `why + 1` for W2's, `why + 2` for the product); so does a
     chunk claimed while the worker's input `a` is not finite (`why_in`, else −1). `lo`: the
