@@ -17,7 +17,8 @@ rates through `models.stepper` (one-token steps on the fused engine; the general
 models.forward, `fused=False`, beside it), llama.cpp on the same file, and the share of a decode
 token that is the 262,144 x 640 output head (bytes, and time: the engine with no layers, which
 the SmolLM2 section also prints), and the peak RSS of `gradus generate` for it (no chat template:
-plain text). numba's threading layer is the
+plain text). Prefill runs its products on numpy's BLAS, whose kernel set is printed (OpenBLAS
+chooses it by CPU; `OPENBLAS_CORETYPE` overrides it). numba's threading layer is the
 commands' (`gradus.lm.chat`): 'workqueue' unless NUMBA_THREADING_LAYER names another.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
                                             [--gemma-only]
@@ -41,6 +42,14 @@ TEXT = (
     "season of Light, it was the season of Darkness, it was the spring of hope, it was the winter "
     "of despair. "
 )
+
+
+def blas_kernels():
+    "The BLAS numpy calls and the kernel set it chose for this CPU (threadpoolctl's report)."
+    from threadpoolctl import threadpool_info
+    seen = dict.fromkeys(f"{i['internal_api']} {i.get('architecture', '?')} kernels"
+                         for i in threadpool_info() if i['user_api'] == 'blas')
+    return ', '.join(seen) or 'BLAS: ?'
 
 
 def load():
@@ -248,7 +257,7 @@ def main():
     numba.set_num_threads(THREADS)
     BW = qkernels.read_bandwidth()
     print(f"memory read bandwidth (STREAM-style, 256 MiB, {THREADS} threads, best of 5): "
-          f"{BW:.1f} GB/s")
+          f"{BW:.1f} GB/s; prefill's products: {blas_kernels()}")
     if args.gemma_only:
         print(f"load (1/5/15 min) before: {load()}")
         return gemma(args.rounds)
@@ -278,7 +287,8 @@ def main():
         llm, llama_name = None, 'llama.cpp: not importable (pip install llama-cpp-python)'
     print(
         f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
-        f"numba threads={numba.get_num_threads()} numpy={np.__version__} | {llama_name}"
+        f"numba threads={numba.get_num_threads()} numpy={np.__version__} ({blas_kernels()}) | "
+        f"{llama_name}"
     )
     print(f"load (1/5/15 min) before: {load()}")
     gradus_prefill(params, config, ids[:16])
