@@ -276,6 +276,17 @@ def test_q5_0_repacked_as_q8_0(seed):
         with pytest.raises(FormatError, match='22-byte'):
             K.q5_0_as_q8_0(bad)
 
+def test_read_bandwidth_sums_and_refuses():
+    """`read_bandwidth`'s timed loop sums every element once, whatever the number of slices (the
+    sums are integers, exact in float32), and bad sizes are refused naming them."""
+    v = np.arange(3 << 16, dtype=np.float32) % 7
+    for parts in (1, 2, 3):
+        assert K._read_sum(v, parts) == float(v.astype(np.float64).sum())
+    for mib, repeats in ((0, 1), (True, 1), (1.5, 1), (1, 0)):
+        with pytest.raises(ValueError, match=rf"got {mib!r}, {repeats!r}"):
+            K.read_bandwidth(mib, repeats)
+    assert 0 < K.read_bandwidth(8, 1) < float('inf')
+
 @pytest.fixture(scope='module')
 def gemma3_gguf():
     try: return G.gemma3_path()

@@ -601,7 +601,7 @@ import numba
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH, boundscheck=False)
 def _read_sum(a, parts):
-    "`Σ a` of a float32 `a` in `parts` contiguous slices, a thread each: the timed read."
+    "`Σ a` in `parts` contiguous slices of `len(a) // parts`, a thread each: the timed read."
     n, out = _U(a.shape[0] // parts), np.zeros(parts, np.float32)
     for i in prange(parts):
         t = f32(0)
@@ -616,13 +616,14 @@ def read_bandwidth(mib=256, repeats=5) -> float:
     STREAM-style read (McCalpin, STREAM: sustainable memory bandwidth, 1995; reading only, as a
     decode token reads its weights) of a float32 array of `mib` MiB summed in one contiguous slice
     a thread, the best of `repeats` passes. Raises `ValueError` for `mib` or `repeats` below 1."""
-    if not (isinstance(mib, int) and isinstance(repeats, int) and mib >= 1 and repeats >= 1):
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    if not (ok(mib) and ok(repeats)):
         raise ValueError(f"read_bandwidth: mib and repeats must be ints >= 1, got {mib!r}, "
                          f"{repeats!r}")
     a, parts = np.ones(mib << 18, np.float32), numba.get_num_threads()   # mib·2²⁰ bytes
     _read_sum(a, parts)                                                  # compile, touch pages
     best = min(_timed(lambda: _read_sum(a, parts)) for _ in range(repeats))
-    return a.nbytes / best / 1e9
+    return a.shape[0] // parts * parts * a.itemsize / best / 1e9     # the bytes the slices read
 
 
 def _timed(f):
