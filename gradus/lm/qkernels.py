@@ -615,12 +615,14 @@ def read_bandwidth(mib=256, repeats=5) -> float:
     """The memory read bandwidth, GB/s (10⁹ bytes a second), of the numba threads now set: a
     STREAM-style read (McCalpin, STREAM: sustainable memory bandwidth, 1995; reading only, as a
     decode token reads its weights) of a float32 array of `mib` MiB summed in one contiguous slice
-    a thread, the best of `repeats` passes. Raises `ValueError` for `mib` or `repeats` below 1."""
-    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    a thread, the best of `repeats` passes. `mib` must exceed the caches for the figure to be the
+    memory's (the default is eight times the 32 MiB L3 here; a few MiB measure a cache). Raises
+    `ValueError` for `mib` or `repeats` not an int of at least 1."""
+    ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
     if not (ok(mib) and ok(repeats)):
         raise ValueError(f"read_bandwidth: mib and repeats must be ints >= 1, got {mib!r}, "
                          f"{repeats!r}")
-    a, parts = np.ones(mib << 18, np.float32), numba.get_num_threads()   # mib·2²⁰ bytes
+    a, parts = np.ones(int(mib) << 18, np.float32), numba.get_num_threads()   # mib·2²⁰ bytes
     _read_sum(a, parts)                                                  # compile, touch pages
     best = min(_timed(lambda: _read_sum(a, parts)) for _ in range(repeats))
     return a.shape[0] // parts * parts * a.itemsize / best / 1e9     # the bytes the slices read
