@@ -214,7 +214,7 @@ def gemma(rounds):
     head = params['output']
     th = [head_ms(params, config) for _ in range(3)]
     wb = weight_bytes(params)
-    line = f"Gemma 3 270M: weights read per decode token -> gradus {of_bw(wb * dec / 1e9)}"
+    line = f"Gemma 3 270M: the bandwidth a decode token implies: gradus {of_bw(wb * dec / 1e9)}"
     if llm:
         line += f", llama.cpp {of_bw(wb * N_DECODE / med['l_dec'] / 1e9)}"
     print(line)

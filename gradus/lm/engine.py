@@ -144,14 +144,13 @@ class Workspace(NamedTuple):
     except Q5_0 matrices, repacked as Q8_0: `_packed`), the norm gains `(2·L + 1, dim)`, each
     matrix's block kind (`kinds`, int64 `(7·L + 1,)`, `qkernels.KIND`, as read: Q8_0 for a
     repacked Q5_0), the head norms `(L, 2, head_dim)` (query, key: `qk_norm`) and the sandwich
-    norms `(L, 2, dim)` (after attention, after the MLP) where the model has them
-    (else `(L, 2, 0)`),
-    per-worker scratch (leading axis: `numba.config.NUMBA_NUM_THREADS`; `scores` up to the
-    capacity), vectors the workers share (`y`: an output projection's rows before a sandwich
-    norm), the stage counters `sync` (two a stage, then the stop), the logits, and `flags`, the
-    reasons a token stopped (`_SLOTS` a layer, the final norm, the head, then a worker that
-    raised). Then
-    the LoRA adapters (see *Adapters on the fused path*), one entry a matrix of `weights`:
+    norms `(L, 2, dim)` (after attention, after the MLP) where the model has them (else
+    `(L, 2, 0)`), per-worker scratch (leading axis: `numba.config.NUMBA_NUM_THREADS`; `scores` up
+    to the capacity), vectors the workers share (`y`: an output projection's rows before a
+    sandwich norm), the stage counters `sync` (two a stage, then the stop), the logits, and
+    `flags`, the reasons a token stopped (`_SLOTS` a layer, the final norm, the head, then a
+    worker that raised). Then the LoRA adapters (see *Adapters on the fused path*), one entry a
+    matrix of `weights`:
     `lora_a`, `lora_b` typed lists of float32 `A (r, cols)`, `B (rows, r)` (an unadapted matrix:
     `(0, 0)` each), `lora_scale` `(7·L + 1,)` float32 α/r (0: none), `lu` per-worker `u = A·x`
     `(workers, 3, largest r)`."""
@@ -238,14 +237,11 @@ def _shapes(params, c) -> list:
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     want = dict(zip(_NAMES, ((q, c.dim), (kv, c.dim), (kv, c.dim), (c.dim, q), (c.ffn_dim, c.dim),
                              (c.ffn_dim, c.dim), (c.dim, c.ffn_dim))))
-    out = [f"layers.{i}.{k} shape {tuple(_base(lp[k]).shape)}, not {want[k]}"
-           for i, lp in enumerate(params['layers']) for k in _NAMES
-           if tuple(_base(lp[k]).shape) != want[k]]
-    if tuple(params['output'].shape) != (c.vocab_size, c.dim):
-        out.append(f"output shape {tuple(params['output'].shape)}, not {(c.vocab_size, c.dim)}")
-    named = [(f"layers.{i}.{k}", _base(lp[k])) for i, lp in enumerate(params['layers'])
-             for k in _NAMES] + [('output', params['output'])]
-    for at, w in named:   # the kernels read rows of blocks by these sizes: they must be the bytes
+    named = [(f"layers.{i}.{k}", _base(lp[k]), want[k]) for i, lp in enumerate(params['layers'])
+             for k in _NAMES] + [('output', params['output'], (c.vocab_size, c.dim))]
+    out = []
+    for at, w, shape in named:   # the kernels read rows of blocks by these sizes: so must the bytes
+        if tuple(w.shape) != shape: out.append(f"{at} shape {tuple(w.shape)}, not {shape}")
         bs, ts = BLOCK.get(w.type, (1, 0))
         rows, cols = w.shape
         if w.type in KIND and (cols % bs or w.blocks.nbytes != rows * (cols // bs) * ts):

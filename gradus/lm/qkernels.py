@@ -616,7 +616,8 @@ def read_bandwidth(mib=256, repeats=5) -> float:
     STREAM-style read (McCalpin, STREAM: sustainable memory bandwidth, 1995; reading only, as a
     decode token reads its weights) of a float32 array of `mib` MiB summed in one contiguous slice
     a thread, the best of `repeats` passes. `mib` must exceed the caches for the figure to be the
-    memory's (the default is eight times the 32 MiB L3 here; a few MiB measure a cache). Raises
+    memory's (the default, 256 MiB, is eight times the L3 of the AMD EPYC it was first run on;
+    a few MiB measure a cache). Raises
     `ValueError` for `mib` or `repeats` not an int of at least 1."""
     ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
     if not (ok(mib) and ok(repeats)):
