@@ -141,6 +141,7 @@ from llvmlite import ir
 from numba import types, uint64 as _u64
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import make_array
 
 f32 = np.float32  # float32 constants: numba types a bare Python float as float64
 
@@ -341,6 +342,105 @@ def _q8_rows(w, r, nr, nb, x, xd, acc, out, n16):
 
 
 
+# %% ../../nbs/lm/25a_qkernels_speed.ipynb #qs-ir
+_V16 = ir.VectorType(ir.FloatType(), 16)
+
+
+def _ir_ptr(context, builder, aty, a, elem):
+    "The data pointer of numba array `a` (type `aty`) as a pointer to LLVM type `elem`."
+    return builder.bitcast(make_array(aty)(context, builder, a).data, elem.as_pointer())
+
+
+def _ir_splat(builder, v):
+    "A float32 scalar broadcast to all 16 lanes."
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), v, i32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+
+
+def _ir_half(builder, pw, b):
+    "The float16 at byte `b` of the uint8 pointer `pw`, as float32."
+    p = builder.bitcast(builder.gep(pw, [b]), ir.IntType(16).as_pointer())
+    return builder.fpext(builder.bitcast(builder.load(p, align=1), ir.HalfType()), ir.FloatType())
+
+
+def _ir_rows4(context, builder, sig, args, kind):
+    """LLVM IR of four rows of a Q8_0, Q4_0 or Q4_1 matrix · activations: the body of `_rows4_ir`.
+    Each row's lanes are a `<16 x float>` value carried from block to block (an `alloca` that
+    LLVM's mem2reg turns into a register), so no lane is stored to memory until the row's end."""
+    i64, i32, i8, f32t = ir.IntType(64), ir.IntType(32), ir.IntType(8), ir.FloatType()
+    w, o, nb, x, xd, xs, out = args
+    pw = _ir_ptr(context, builder, sig.args[0], w, i8)
+    px, pd, ps, po = (_ir_ptr(context, builder, sig.args[k], a, f32t)
+                      for k, a in ((3, x), (4, xd), (5, xs), (6, out)))
+    o = [builder.extract_value(o, i) for i in range(4)]                # byte offsets of the rows
+    ts = {_Q8_0: 34, _Q4_0: 18, _Q4_1: 20}[kind]                       # bytes a block
+    zero = ir.Constant(_V16, [0.0] * 16)
+    lanes = [cgutils.alloca_once_value(builder, zero) for _ in range(4)]
+    mins = [cgutils.alloca_once_value(builder, f32t(0)) for _ in range(4)]
+    fast = tuple(sorted(FASTMATH))               # no 'nnan'/'ninf': NaN and inf propagate
+    fma = lambda a, b, c: builder.fadd(builder.fmul(a, b, flags=fast), c, flags=fast)
+    vload = lambda p, n: builder.load(builder.bitcast(p, ir.VectorType(p.type.pointee, n)
+                                                      .as_pointer()), align=1)
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
+        'llvm.prefetch.p0')
+    with cgutils.for_range(builder, nb) as loop:
+        k = loop.index
+        kb, xk = builder.mul(k, i64(ts)), builder.gep(px, [builder.mul(k, i64(32))])
+        xlo, xhi = vload(xk, 16), vload(builder.gep(xk, [i64(16)]), 16)    # x[32k:32k+16], +16
+        t, u = builder.load(builder.gep(pd, [k])), builder.load(builder.gep(ps, [k]))
+        # the row group two ahead (rows r+8 … r+11), at the pace four rows consume it
+        pf = builder.add(builder.add(o[0], builder.mul(builder.sub(o[1], o[0]), i64(8))),
+                         builder.mul(kb, i64(4)))
+        for off in range(0, 4 * ts, 64):
+            builder.call(prefetch, [builder.gep(pw, [builder.add(pf, i64(off))]),
+                                    i32(0), i32(3), i32(1)])
+        for i in range(4):
+            b = builder.add(o[i], kb)                                      # the block's first byte
+            e = _ir_half(builder, pw, b)
+            s = _ir_splat(builder, builder.fmul(e, t, flags=fast))
+            if kind == _Q8_0:                       # 32 int8 codes: lanes j and 16 + j
+                c = builder.sitofp(vload(builder.gep(pw, [builder.add(b, i64(2))]), 32),
+                                   ir.VectorType(f32t, 32))
+                lo = builder.shuffle_vector(c, c, ir.Constant(ir.VectorType(i32, 16),
+                                                              list(range(16))))
+                hi = builder.shuffle_vector(c, c, ir.Constant(ir.VectorType(i32, 16),
+                                                              list(range(16, 32))))
+            else:                                   # 16 bytes: low nibbles j, high 16 + j
+                c = vload(builder.gep(pw, [builder.add(b, i64(ts - 16))]), 16)
+                nib = ir.Constant(ir.VectorType(i8, 16), [15] * 16)
+                sh = ir.Constant(ir.VectorType(i8, 16), [4] * 16)
+                lo = builder.uitofp(builder.and_(c, nib), _V16)
+                hi = builder.uitofp(builder.lshr(c, sh), _V16)
+                m = (_ir_half(builder, pw, builder.add(b, i64(2))) if kind == _Q4_1
+                     else builder.fmul(e, f32t(-8), flags=fast))    # Q4_0: codes offset by 8
+                builder.store(fma(m, u, builder.load(mins[i])), mins[i])
+            v = fma(lo, xlo, builder.fmul(hi, xhi, flags=fast))
+            builder.store(fma(v, s, builder.load(lanes[i])), lanes[i])
+    total = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(f32t, [f32t, _V16]), 'llvm.vector.reduce.fadd.v16f32')
+    for i in range(4):
+        r = builder.call(total, [builder.load(mins[i]), builder.load(lanes[i])], fastmath=fast)
+        builder.store(r, builder.gep(po, [i64(i)]))
+    return context.get_dummy_value()
+
+
+def _rows4_intrinsic(kind):
+    @intrinsic
+    def rows4(typingctx, w, o, nb, x, xd, xs, out):
+        arrays = (w, x, xd, xs, out)
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == 'C'
+                   for a in arrays) or w.dtype != types.uint8:
+            return None
+        sig = types.none(w, types.UniTuple(types.uint64, 4), types.int64, x, xd, xs, out)
+        return sig, lambda context, builder, sig, args: _ir_rows4(context, builder, sig, args,
+                                                                   kind)
+    return rows4
+
+
+_q8_rows_ir, _q4_0_rows_ir, _q4_1_rows_ir = (_rows4_intrinsic(k) for k in (_Q8_0, _Q4_0, _Q4_1))
+
 # %% ../../nbs/lm/25a_qkernels_speed.ipynb #qs-more-kinds
 @njit(inline='always', boundscheck=False)
 def _rows_at(r, nr, rb):
@@ -480,11 +580,14 @@ def _q6k_rows(w, r, nr, nb, x, xd, acc, out):
 @njit(inline='always', fastmath=FASTMATH, boundscheck=False)
 def kernel_rows(w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out):
     """Rows `r … r+nr−1` of a `kind` matrix (`KIND`; `nb` blocks of 32 weights a row) ·
-    `activation_side`'s activations -> `out[:nr]`."""
+    `activation_side`'s activations -> `out[:nr]` (Q8_0, Q4_0, Q4_1: the IR kernels, *Lanes in
+    registers*; `acc` serves the others)."""
     if kind == _Q8_0:
-        _q8_rows(w, r, nr, nb, xv, xd, acc, out, 16)
-    elif kind == _Q4_0 or kind == _Q4_1:
-        _q4_rows(w, kind == _Q4_1, r, nr, nb, xv if exact else xa, not exact, xd, xs, acc, out, 16)
+        _q8_rows_ir(w, _rows_at(r, nr, _U(nb * 34)), nb, xv, xd, xs, out)
+    elif kind == _Q4_0:
+        _q4_0_rows_ir(w, _rows_at(r, nr, _U(nb * 18)), nb, xv, xd, xs, out)
+    elif kind == _Q4_1:
+        _q4_1_rows_ir(w, _rows_at(r, nr, _U(nb * 20)), nb, xv, xd, xs, out)
     elif kind == _Q5_0 or kind == _Q5_1:
         _q5_rows(w, kind == _Q5_1, r, nr, nb, xv, xd, xs, acc, out)
     elif kind == _Q4_K:
