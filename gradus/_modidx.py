@@ -2546,6 +2546,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'gradus.lm.qkernels.atomic_load': ('lm/qkernels_speed.html#atomic_load', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels.dequant_row': ('lm/qkernels_speed.html#dequant_row', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels.finite': ('lm/qkernels_speed.html#finite', 'gradus/lm/qkernels.py'),
+                                    'gradus.lm.qkernels.kernel_chunk': ('lm/qkernels_speed.html#kernel_chunk', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels.kernel_rows': ('lm/qkernels_speed.html#kernel_rows', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels.nonfinite_scale': ('lm/qkernels.html#nonfinite_scale', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels.q5_0_as_q8_0': ('lm/qkernels_speed.html#q5_0_as_q8_0', 'gradus/lm/qkernels.py'),

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 from ..transformer.attention import rope_angles
 from .qkernels import (FASTMATH, KIND, SCALE_FIELDS, activation_side, atomic_add,
-                                atomic_load, dequant_row, f32, finite, kernel_rows,
+                                atomic_load, dequant_row, f32, finite, kernel_chunk,
                                 nonfinite_scale, q5_0_as_q8_0, yield_core)
 from ..core.ops import GELU_A, GELU_C
 from ..formats.quants import BLOCK, GGMLType, dequantize
@@ -381,21 +381,19 @@ def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags,
             return
         c1 = min(c0 + ch, n)
         ok0, ok1, ok2 = True, True, True
-        for r in range(c0, c1, 4):
-            nr = min(4, c1 - r)
-            for m in range(2 if mode == 2 else 1):  # one call site: one inlined copy
-                kernel_rows(w2 if m else w, kinds[m], r, nr, nb, xv, xa, xd, xs, exact, acc,
-                            out[m])
-                _lora_add(b2 if m else b, u[m], scale[m], r, nr, out[m])
-            for i in range(nr):
-                g = out[0, i]
-                if mode == 0: y[r + i] = g
-                elif mode == 1: y[r + i] += g
-                else:
-                    ok0 &= finite(g)
-                    ok1 &= finite(out[1, i])
-                    y[r + i] = _gate(g, act) * out[1, i]
-                ok2 &= finite(y[r + i])
+        for m in range(2 if mode == 2 else 1):  # one call site: one inlined copy
+            kernel_chunk(w2 if m else w, kinds[m], c0, c1, nb, xv, xa, xd, xs, exact, acc,
+                         out[m], out[m, 4:])                   # out[m, 4:]: the chunk's rows
+            _lora_add(b2 if m else b, u[m], scale[m], c0, c1 - c0, out[m, 4:])
+        for i in range(c1 - c0):
+            g = out[0, 4 + i]
+            if mode == 0: y[c0 + i] = g
+            elif mode == 1: y[c0 + i] += g
+            else:
+                ok0 &= finite(g)
+                ok1 &= finite(out[1, 4 + i])
+                y[c0 + i] = _gate(g, act) * out[1, 4 + i]
+            ok2 &= finite(y[c0 + i])
         if not (ok0 and ok1 and ok2):
             _stop(sync, flags, why + (0 if mode != 2 or not ok0 else (1 if not ok1 else 2)))
             return
@@ -422,14 +420,14 @@ def _stage_qkv(wq, wk, wv, kinds, nb, a, acc, out, qkv, nq, nk, D, rope, cos, si
             _stop(sync, flags, why_in)
             return
         c1, r = min(c0 + _CHUNK, n), c0
-        while r < c1:
+        while r < c1:                               # the chunk's rows of Q, then of K, then V
             w, b, m, base, lim = (wq, bq, 0, 0, nq) if r < nq else (
                 (wk, bk, 1, nq, nq + nk) if r < nq + nk else (wv, bv, 2, nq + nk, n))
-            nr = min(4, min(c1, lim) - r)
-            kernel_rows(w, kinds[m], r - base, nr, nb, xv, xa, xd, xs, exact, acc, out[0])
-            _lora_add(b, u[m], scale[m], r - base, nr, out[0])
-            for j in range(nr): qkv[r + j] = out[0, j]  # a loop, not a slice copy: see _token
-            r += nr
+            e = min(c1, lim)
+            kernel_chunk(w, kinds[m], r - base, e - base, nb, xv, xa, xd, xs, exact, acc, out[0],
+                         qkv[r:])
+            _lora_add(b, u[m], scale[m], r - base, e - r, qkv[r:])
+            r = e
         if rope:
             for i in range(c0, min(c1, nq + nk), 2):  # chunks start even; nq is a multiple of D
                 _rope_pair(qkv, i, D, cos, sin)
@@ -565,9 +563,10 @@ def _worker(i, m, tk, ws, sync, flags, exact):
     res = put if sw else add         # how the output projection and down reach the residual stream
     xvi, xai, xdi, xsi = xv[i], xa[i], xd[i], xs[i]           # this worker's activation side
     hi, a, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), lu[i]
-    acc, out = np.empty((4, 32), np.float32), np.empty((2, 16), np.float32)  # the row kernels'
-    # lanes and sums: this worker's own arrays (slices of one shared array scaled to no second
-    # thread: see *Two threads*)
+    acc = np.empty((4, 32), np.float32)  # the numba row kernels' lanes, and the rows of a chunk
+    out = np.empty((2, 4 + _chunk(max(nq + 2 * nk, nff, logits.shape[0]))), np.float32)  # (W,
+    # W2): this worker's own arrays (slices of one shared array scaled to no second thread: see
+    # *Two threads*)
     try:
         for l in range(L):
             s, w, f = _STAGES * l, 7 * l, _PER * l
