@@ -2520,6 +2520,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'gradus.lm.qkernels._half': ('lm/qkernels_speed.html#_half', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels._int8_matvec': ('lm/qkernels.html#_int8_matvec', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels._ir_half': ('lm/qkernels_speed.html#_ir_half', 'gradus/lm/qkernels.py'),
+                                    'gradus.lm.qkernels._ir_kquant_rows4': ( 'lm/qkernels_speed.html#_ir_kquant_rows4',
+                                                                             'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels._ir_ptr': ('lm/qkernels_speed.html#_ir_ptr', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels._ir_rows4': ('lm/qkernels_speed.html#_ir_rows4', 'gradus/lm/qkernels.py'),
                                     'gradus.lm.qkernels._ir_splat': ('lm/qkernels_speed.html#_ir_splat', 'gradus/lm/qkernels.py'),

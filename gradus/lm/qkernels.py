@@ -426,16 +426,17 @@ def _ir_rows4(context, builder, sig, args, kind):
     return context.get_dummy_value()
 
 
-def _rows4_intrinsic(kind):
+def _rows4_intrinsic(kind, body=_ir_rows4):
+    "An intrinsic `(w, rows' byte offsets, nb, x, xd, xs, out) -> None` whose code is `body`'s."
     @intrinsic
     def rows4(typingctx, w, o, nb, x, xd, xs, out):
         arrays = (w, x, xd, xs, out)
         if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == 'C'
-                   for a in arrays) or w.dtype != types.uint8:
+                   for a in arrays) or w.dtype != types.uint8 or not all(
+                       a.dtype == types.float32 for a in arrays[1:]):
             return None
         sig = types.none(w, types.UniTuple(types.uint64, 4), types.int64, x, xd, xs, out)
-        return sig, lambda context, builder, sig, args: _ir_rows4(context, builder, sig, args,
-                                                                   kind)
+        return sig, lambda context, builder, sig, args: body(context, builder, sig, args, kind)
     return rows4
 
 
@@ -580,20 +581,120 @@ def _q6k_rows(w, r, nr, nb, x, xd, acc, out):
 @njit(inline='always', fastmath=FASTMATH, boundscheck=False)
 def kernel_rows(w, kind, r, nr, nb, xv, xa, xd, xs, exact, acc, out):
     """Rows `r … r+nr−1` of a `kind` matrix (`KIND`; `nb` blocks of 32 weights a row) ·
-    `activation_side`'s activations -> `out[:nr]` (Q8_0, Q4_0, Q4_1: the IR kernels, *Lanes in
-    registers*; `acc` serves the others)."""
+    `activation_side`'s activations -> `out[:nr]`, through the numba four-row kernels: the
+    reference that the IR kernels (`kernel_chunk`, below) are checked against, and the kernels of
+    Q5_0 and Q5_1."""
     if kind == _Q8_0:
-        _q8_rows_ir(w, _rows_at(r, nr, _U(nb * 34)), nb, xv, xd, xs, out)
-    elif kind == _Q4_0:
-        _q4_0_rows_ir(w, _rows_at(r, nr, _U(nb * 18)), nb, xv, xd, xs, out)
-    elif kind == _Q4_1:
-        _q4_1_rows_ir(w, _rows_at(r, nr, _U(nb * 20)), nb, xv, xd, xs, out)
+        _q8_rows(w, r, nr, nb, xv, xd, acc, out, 16)
+    elif kind == _Q4_0 or kind == _Q4_1:
+        _q4_rows(w, kind == _Q4_1, r, nr, nb, xv if exact else xa, not exact, xd, xs, acc, out, 16)
     elif kind == _Q5_0 or kind == _Q5_1:
         _q5_rows(w, kind == _Q5_1, r, nr, nb, xv, xd, xs, acc, out)
     elif kind == _Q4_K:
         _q4k_rows(w, r, nr, nb, xv, xd, xs, acc, out)
     else:
         _q6k_rows(w, r, nr, nb, xv, xd, acc, out)
+
+# %% ../../nbs/lm/25a_qkernels_speed.ipynb #qs-ir-k
+def _ir_kquant_rows4(context, builder, sig, args, kind):
+    """LLVM IR of four rows of a Q4_K or Q6_K matrix · activations (the body of `_rows4_ir` for
+    the K-quants), the arithmetic of `_q4k_rows` and `_q6k_rows` with each row's lanes in a
+    register: 32 lanes (Q4_K: a sub-block's codes are 32 bytes) or 16 (Q6_K: a scale covers 16)."""
+    i64, i32, i8, f32t = ir.IntType(64), ir.IntType(32), ir.IntType(8), ir.FloatType()
+    w, o, nb, x, xd, xs, out = args
+    pw = _ir_ptr(context, builder, sig.args[0], w, i8)
+    px, pd, ps, po = (_ir_ptr(context, builder, sig.args[k], a, f32t)
+                      for k, a in ((3, x), (4, xd), (5, xs), (6, out)))
+    o = [builder.extract_value(o, i) for i in range(4)]
+    q4k = kind == _Q4_K
+    ts, nl = (144, 32) if q4k else (210, 16)                      # super-block bytes, lanes
+    V, Vi8 = ir.VectorType(f32t, nl), ir.VectorType(i8, nl)
+    fast = tuple(sorted(FASTMATH))
+    mul = lambda a, b: builder.fmul(a, b, flags=fast)
+    add = lambda a, b: builder.fadd(a, b, flags=fast)
+    byte = lambda b: builder.load(builder.gep(pw, [b]))                        # i8 at byte b
+    vbytes = lambda b: builder.load(builder.bitcast(builder.gep(pw, [b]), Vi8.as_pointer()),
+                                    align=1)
+    vx = lambda k, off=0: builder.load(builder.bitcast(
+        builder.gep(px, [builder.add(builder.mul(k, i64(32)), i64(off))]), V.as_pointer()),
+        align=4)
+    undef = ir.Constant(V, ir.Undefined)
+    splat = lambda v: builder.shuffle_vector(builder.insert_element(undef, v, i32(0)), undef,
+                                             ir.Constant(ir.VectorType(i32, nl), [0] * nl))
+    vconst = lambda c: ir.Constant(Vi8, [c] * nl)
+    tofloat = lambda v: builder.uitofp(v, V)
+    lanes = [cgutils.alloca_once_value(builder, ir.Constant(V, [0.0] * nl)) for _ in range(4)]
+    mins = [cgutils.alloca_once_value(builder, f32t(0)) for _ in range(4)]
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
+        'llvm.prefetch.p0')
+    with cgutils.for_range(builder, builder.udiv(nb, i64(8))) as loop:
+        sb = loop.index
+        pf = builder.add(builder.add(o[0], builder.mul(builder.sub(o[1], o[0]), i64(8))),
+                         builder.mul(sb, i64(4 * ts)))               # the row group two ahead
+        for off in range(0, 4 * ts, 64):
+            builder.call(prefetch, [builder.gep(pw, [builder.add(pf, i64(off))]),
+                                    i32(0), i32(3), i32(1)])
+        k0 = builder.mul(sb, i64(8))                                # its first activation block
+        xdk = [builder.load(builder.gep(pd, [builder.add(k0, i64(j))])) for j in range(8)]
+        for i in range(4):
+            b = builder.add(o[i], builder.mul(sb, i64(ts)))
+            acc = builder.load(lanes[i])
+            if q4k:
+                d, dmin = _ir_half(builder, pw, b), _ir_half(builder, pw, builder.add(b, i64(2)))
+                q = [builder.zext(byte(builder.add(b, i64(4 + j))), i32) for j in range(12)]
+                and_ = lambda v, m: builder.and_(v, i32(m))
+                shr = lambda v, s: builder.lshr(v, i32(s))
+                def scale_min(j):                                   # ggml's get_scale_min_k4
+                    if j < 4: return and_(q[j], 63), and_(q[j + 4], 63)
+                    return (builder.or_(and_(q[j + 4], 15), builder.shl(shr(q[j - 4], 6), i32(4))),
+                            builder.or_(shr(q[j + 4], 4), builder.shl(shr(q[j], 6), i32(4))))
+                mt = builder.load(mins[i])
+                for g in range(4):
+                    (s0, m0), (s1, m1) = scale_min(2 * g), scale_min(2 * g + 1)
+                    s0, m0, s1, m1 = (builder.uitofp(v, f32t) for v in (s0, m0, s1, m1))
+                    k = builder.add(k0, i64(2 * g))
+                    u0 = builder.load(builder.gep(ps, [k]))
+                    u1 = builder.load(builder.gep(ps, [builder.add(k, i64(1))]))
+                    mt = builder.fsub(mt, mul(dmin, add(mul(m0, u0), mul(m1, u1))), flags=fast)
+                    c = vbytes(builder.add(b, i64(16 + 32 * g)))
+                    lo = tofloat(builder.and_(c, vconst(15)))
+                    hi = tofloat(builder.lshr(c, vconst(4)))
+                    a0, a1 = mul(mul(d, s0), xdk[2 * g]), mul(mul(d, s1), xdk[2 * g + 1])
+                    acc = add(acc, add(mul(mul(lo, vx(k)), splat(a0)),
+                                       mul(mul(hi, vx(k, 32)), splat(a1))))
+                builder.store(mt, mins[i])
+            else:
+                d = _ir_half(builder, pw, builder.add(b, i64(208)))
+                for h in range(2):
+                    for half in range(2):
+                        l0 = 16 * half
+                        a = vbytes(builder.add(b, i64(64 * h + l0)))        # ql[l]
+                        c = vbytes(builder.add(b, i64(64 * h + 32 + l0)))   # ql[32 + l]
+                        e = vbytes(builder.add(b, i64(128 + 32 * h + l0)))  # qh[l]
+                        hb = lambda s: builder.shl(builder.and_(builder.lshr(e, vconst(s)),
+                                                                vconst(3)), vconst(4))  # 2 bits
+                        lo4 = lambda v: builder.and_(v, vconst(15))
+                        codes = (builder.or_(lo4(a), hb(0)), builder.or_(lo4(c), hb(2)),
+                                 builder.or_(builder.lshr(a, vconst(4)), hb(4)),
+                                 builder.or_(builder.lshr(c, vconst(4)), hb(6)))
+                        for t, cv in enumerate(codes):              # weights 128h + 32t + l
+                            at = i64(192 + 8 * h + 2 * t + half)      # its int8 scale
+                            sc = builder.sitofp(byte(builder.add(b, at)), f32t)
+                            s = mul(mul(d, sc), xdk[4 * h + t])
+                            v = builder.fsub(tofloat(cv), splat(f32t(32)), flags=fast)
+                            acc = add(acc, mul(mul(v, vx(builder.add(k0, i64(4 * h + t)), l0)),
+                                               splat(s)))
+            builder.store(acc, lanes[i])
+    total = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(f32t, [f32t, V]), f'llvm.vector.reduce.fadd.v{nl}f32')
+    for i in range(4):
+        r = builder.call(total, [builder.load(mins[i]), builder.load(lanes[i])], fastmath=fast)
+        builder.store(r, builder.gep(po, [i64(i)]))
+    return context.get_dummy_value()
+
+
+_q4k_rows_ir, _q6k_rows_ir = (_rows4_intrinsic(k, _ir_kquant_rows4) for k in (_Q4_K, _Q6_K))
 
 
 @njit(inline='always', fastmath=FASTMATH, boundscheck=False)
@@ -603,13 +704,16 @@ def kernel_chunk(w, kind, r0, r1, nb, xv, xa, xd, xs, exact, acc, out, y):
     four-row call of an IR kernel lasts about a tenth of a microsecond, and the generic dispatch
     around each call (`kernel_rows` inlined with every kind) made SmolLM2's head take 2.2 ms on
     one thread against 1.3 ms with this loop (2026-12-04, load 0.5). `out`: at least 4 floats."""
-    if kind == _Q8_0 or kind == _Q4_0 or kind == _Q4_1:
-        rb = _U(nb * (34 if kind == _Q8_0 else (18 if kind == _Q4_0 else 20)))
+    if kind != _Q5_0 and kind != _Q5_1:                     # an IR kernel: one loop a kind
+        rb = _U(nb * 34 if kind == _Q8_0 else (nb * 18 if kind == _Q4_0 else (
+            nb * 20 if kind == _Q4_1 else nb // 8 * (144 if kind == _Q4_K else 210))))
         for r in range(r0, r1, 4):
             nr = min(4, r1 - r)
             if kind == _Q8_0: _q8_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
             elif kind == _Q4_0: _q4_0_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
-            else: _q4_1_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
+            elif kind == _Q4_1: _q4_1_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
+            elif kind == _Q4_K: _q4k_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
+            else: _q6k_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
             for i in range(nr): y[r - r0 + i] = out[i]
         return
     for r in range(r0, r1, 4):
