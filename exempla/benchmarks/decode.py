@@ -18,8 +18,9 @@ models.forward, `fused=False`, beside it), llama.cpp on the same file, and the s
 token that is the 262,144 x 640 output head (bytes, and time: the engine with no layers, which
 the SmolLM2 section also prints), and the peak RSS of `gradus generate` for it (no chat template:
 plain text). Prefill runs its products on numpy's BLAS, whose kernel set is printed (OpenBLAS
-chooses it by CPU; `OPENBLAS_CORETYPE` overrides it). numba's threading layer is the
-commands' (`gradus.lm.chat`): 'workqueue' unless NUMBA_THREADING_LAYER names another.
+chooses it by CPU; `OPENBLAS_CORETYPE` overrides it, and is printed where the environment sets
+it). numba's threading layer is the commands' (`gradus.lm.chat`): 'workqueue' unless
+NUMBA_THREADING_LAYER names another.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
                                             [--gemma-only]
 """
@@ -49,7 +50,9 @@ def blas_kernels():
     from threadpoolctl import threadpool_info
     seen = dict.fromkeys(f"{i['internal_api']} {i.get('architecture', '?')} kernels"
                          for i in threadpool_info() if i['user_api'] == 'blas')
-    return ', '.join(seen) or 'BLAS: ?'
+    pinned = os.environ.get('OPENBLAS_CORETYPE')      # a machine's environment may pin the set
+    return (', '.join(seen) or 'BLAS: ?') + (f" (OPENBLAS_CORETYPE={pinned} in the environment)"
+                                             if pinned else '')
 
 
 def load():
