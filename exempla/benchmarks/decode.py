@@ -21,8 +21,10 @@ plain text). Prefill runs its products on numpy's BLAS, whose kernel set is prin
 chooses it by CPU; `OPENBLAS_CORETYPE` overrides it, and is printed where the environment sets
 it). numba's threading layer is the commands' (`gradus.lm.chat`): 'workqueue' unless
 NUMBA_THREADING_LAYER names another.
+`--contexts` alternates only decode rounds of 32 tokens after 128 and after 1,024 tokens of
+context (prefilled first, not timed), where the attention over the KV cache grows.
 Usage: python exempla/benchmarks/decode.py [--rounds 3] [--decode-only --tokens 32]
-                                            [--gemma-only]
+                                            [--gemma-only] [--contexts]
 """
 
 import os
@@ -248,6 +250,46 @@ def decode_only(params, config, llm, short, rounds):
               f"{max(g) / max(l):.2f}; load after: {load()}")
 
 
+def decode_after(step_fn, prompt, n):
+    "Seconds for `n` greedy tokens after `prompt` (prefilled first, not timed), `step_fn` a side."
+    z = step_fn(prompt, 0)
+    t0 = time.perf_counter()
+    for i in range(n):
+        z = step_fn([int(np.argmax(z))], len(prompt) + i)
+    return time.perf_counter() - t0
+
+
+def contexts(params, config, llm, tok, rounds, n=32):
+    """Decode rates after 128 and after 1,024 tokens of context (the attention over the KV cache
+    grows with it), both sides alternating, medians of `rounds`."""
+    long = np.array((tok.encode(TEXT) * 16)[:1024])
+
+    def gradus_side(prompt, _):
+        cache = models.new_cache(config, len(prompt) + n + 1)
+        step = models.stepper(params, config, cache, False, fused=True)
+        return decode_after(lambda t, pos: step(np.asarray(t), pos), prompt, n)
+
+    def llama_side(prompt, _):
+        llm.reset()
+
+        def step(t, pos):
+            llm.eval(list(map(int, t)))
+            return llama_logits(llm)
+        return decode_after(step, prompt, n)
+
+    for ctx in (128, 1024):
+        g, l = [], []
+        for r in range(rounds):
+            g.append(n / gradus_side(long[:ctx], r))
+            if llm:
+                l.append(n / llama_side(long[:ctx], r))
+        line = f"decode {n} tokens after {ctx:4d} tokens of context: gradus {np.median(g):6.1f} tok/s"
+        if l:
+            line += (f" | llama.cpp {np.median(l):6.1f} tok/s | ratio "
+                     f"{np.median(g) / np.median(l):.2f}x")
+        print(f"{line} ({rounds} rounds, medians; load {load()})")
+
+
 def main():
     global N_DECODE, BW
     ap = argparse.ArgumentParser()
@@ -255,6 +297,8 @@ def main():
     ap.add_argument('--decode-only', action='store_true')
     ap.add_argument('--tokens', type=int, default=N_DECODE, help='decode tokens a round')
     ap.add_argument('--gemma-only', action='store_true', help='only the Gemma 3 270M section')
+    ap.add_argument('--contexts', action='store_true',
+                    help='only SmolLM2 decode after 128 and 1,024 tokens of context')
     args = ap.parse_args()
     N_DECODE = args.tokens
     numba.set_num_threads(THREADS)
@@ -279,7 +323,7 @@ def main():
 
         llm = llama_cpp.Llama(
             str(path),
-            n_ctx=1024,
+            n_ctx=2048 if args.contexts else 1024,
             n_batch=512,
             n_threads=THREADS,
             n_threads_batch=THREADS,
@@ -299,6 +343,8 @@ def main():
     print(f"numba threading layer: {numba.threading_layer()} (one parallel region per token)")
     if args.decode_only:
         return decode_only(params, config, llm, short, args.rounds)
+    if args.contexts:
+        return contexts(params, config, llm, tok, args.rounds)
     res = {k: [] for k in ('g_pre', 'l_pre', 'g_dec', 'g_dec_exact', 'l_dec')}
     for r in range(args.rounds):
         res['g_pre'].append(gradus_prefill(params, config, ids)[0])
