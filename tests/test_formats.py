@@ -259,6 +259,36 @@ def test_four_row_kernels_both_modes(t, n_out):
         y8 = K.qmatvec(blocks, t, x, exact=False)
         assert np.all(np.abs(y - y8) <= 2 * matvec_bound(blocks, t, x8))
 
+_SAME_BITS = r"""
+import hashlib, sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_formats import finite_blocks
+from gradus.formats import quants as Q
+from gradus.formats.quants import GGMLType, BLOCK
+out = []
+for t in Q.MATVEC_TYPES:
+    n_in = 512
+    b = finite_blocks(t, 37 * n_in // BLOCK[t][0], 3).reshape(37, -1)
+    x = np.random.default_rng(4).standard_normal((2, n_in)).astype(np.float32)
+    out.append(hashlib.md5(Q.matvec_exact(b, t, x).tobytes()).hexdigest()[:8])
+print(' '.join(out))
+"""
+
+
+def test_matvec_exact_same_bits_fresh_and_cached(tmp_path):
+    """`quants.matvec_exact`'s kernels (numba `parallel=True`, `cache=True`) give the same bits when
+    compiled afresh as when loaded from numba's cache: with fast-math reassociation they did not
+    (numba's cached parallel code is not the code a fresh compile makes, and a reordered sum
+    rounded differently), and greedy text from a first run of `gradus generate` differed from
+    every later one. Two processes over one empty cache folder: the first compiles and writes it,
+    the second loads it."""
+    env = {**os.environ, 'NUMBA_CACHE_DIR': str(tmp_path / 'numba')}
+    runs = [subprocess.run([sys.executable, '-c', _SAME_BITS, str(Path(__file__).parent)],
+                           capture_output=True, text=True, env=env, timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert any((tmp_path / 'numba').rglob('*.nbc'))             # the second run had a cache to load
+    assert runs[0].stdout == runs[1].stdout, (runs[0].stdout, runs[1].stdout)
+
 @pytest.mark.parametrize('seed', [0, 1])
 def test_q5_0_repacked_as_q8_0(seed):
     """`q5_0_as_q8_0`, the engine's repacking at load: gguf-py decodes the Q8_0 blocks to the same

@@ -8,8 +8,11 @@ converter permuted the rows of `attn_q`/`attn_k` within each head for llama.cpp'
 RoPE; the reference undoes that permutation (`_unpermute`) so that it runs the model as trained.
 """
 
+import os
 import re
 import struct
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -431,6 +434,34 @@ def test_engine_runs_each_option(model, option, value):
     want = models.apply(p, t, other)
     assert np.abs(got - want).max() < 1e-3
     assert np.abs(want - models.apply(params, t, c)).max() > 1e-2
+
+
+_ENGINE_BITS = r"""
+import hashlib, os, sys, numpy as np
+from gradus.lm import engine, models
+params, config = models.from_gguf(sys.argv[1])
+ws, cache = engine.workspace(params, config, 16), models.new_cache(config, 16)
+h = hashlib.md5()
+for pos, t in enumerate([1, 504, 2365, 6354, 16438, 300, 400, 500, 600, 700, 800, 900]):
+    h.update(engine.decode_step(params, config, cache, t, pos, ws).tobytes())
+print(h.hexdigest())
+"""
+
+
+@needs_model
+def test_engine_same_bits_fresh_and_cached(tmp_path):
+    """Twelve fused decode steps give the same logits, bit for bit, from a fresh compile of the
+    engine as from numba's cache of it. They did not while the attention's sums were numba loops
+    under fast-math reassociation (the cached parallel region reordered the sum over positions
+    otherwise, from the eighth position on), so a first `gradus generate` wrote other greedy text
+    than every later one. Two processes over one empty cache folder, 2 workers."""
+    env = {**os.environ, 'NUMBA_CACHE_DIR': str(tmp_path / 'numba'), 'NUMBA_NUM_THREADS': '2',
+           'NUMBA_THREADING_LAYER': 'workqueue'}
+    runs = [subprocess.run([sys.executable, '-c', _ENGINE_BITS, str(MODEL)], capture_output=True,
+                           text=True, env=env, timeout=900) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert any((tmp_path / 'numba').rglob('*.nbc'))
+    assert runs[0].stdout == runs[1].stdout
 
 
 @needs_model

@@ -283,7 +283,8 @@ def contexts(params, config, llm, tok, rounds, n=32):
             g.append(n / gradus_side(long[:ctx], r))
             if llm:
                 l.append(n / llama_side(long[:ctx], r))
-        line = f"decode {n} tokens after {ctx:4d} tokens of context: gradus {np.median(g):6.1f} tok/s"
+        line = (f"decode {n} tokens after {ctx:4d} tokens of context: gradus "
+                f"{np.median(g):6.1f} tok/s")
         if l:
             line += (f" | llama.cpp {np.median(l):6.1f} tok/s | ratio "
                      f"{np.median(g) / np.median(l):.2f}x")

@@ -280,7 +280,12 @@ def quantize(x, t) -> np.ndarray:
     return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2), q], axis=1)
 
 # %% ../../nbs/formats/18_quants.ipynb #c97ed43c
-@njit(cache=True, parallel=True, fastmath=True)
+_MV_FAST = {'nnan', 'ninf', 'nsz', 'arcp', 'contract', 'afn'}  # fastmath=True less 'reassoc':
+# the lanes are explicit, so no sum needs reordering, and a reordered one came out differently
+# from a fresh compile than from numba's cache (another rounding of the same logits)
+
+
+@njit(cache=True, parallel=True, fastmath=_MV_FAST)
 def _mv_q8_0(b, bi, X, Y):
     """`Y[i] = W @ X[i]` for Q8_0 blocks `b` (n_out, n_in/32*34), `X` (n, n_in), `Y` (n, n_out).
     `bi` is `b` viewed as int8 (signed quants without a branch). The 32 lanes of `a` accumulate
@@ -298,7 +303,7 @@ def _mv_q8_0(b, bi, X, Y):
             Y[i, r] = a.sum()
 
 # %% ../../nbs/formats/18_quants.ipynb #61245c3f
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_MV_FAST)
 def _mv_q4(b, X, Y, xs, has_min):
     """Q4_0 (`has_min` False: values `q − 8`, taken signed inside the sum) or Q4_1 (values `q`,
     plus `m·Σx` per block from the block sums `xs` (n, n_in/32) of `X`). Lanes as in `_mv_q8_0`;
@@ -326,7 +331,7 @@ def _u32(b, r, o):
     return (np.uint32(b[r, o]) | (np.uint32(b[r, o + 1]) << 8) | (np.uint32(b[r, o + 2]) << 16)
             | (np.uint32(b[r, o + 3]) << 24))
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_MV_FAST)
 def _mv_q5(b, X, Y, xs, has_min):
     """Q5_0 (values `q − 16`) or Q5_1 (values `q`, plus `m·Σx`): `_mv_q4` with bit `j` of the
     uint32 `qh` on top of nibble `j` (bit `j + 16` on top of nibble `j + 16`)."""
@@ -350,7 +355,7 @@ def _mv_q5(b, X, Y, xs, has_min):
             Y[i, r] = a.sum() + am
 
 # %% ../../nbs/formats/18_quants.ipynb #ea02e62b
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_MV_FAST)
 def _mv_q4_k(b, X, Y, xs):
     """Q4_K: lanes `a[l] += (d·sc_j)·q·x` over the sub-blocks, and `dmin·mn_j·xs_j` apart, `xs`
     (n, n_in/32) the sub-block sums of `X`. Run `c` of 32 `qs` bytes feeds sub-blocks `2c` (low
@@ -376,7 +381,7 @@ def _mv_q4_k(b, X, Y, xs):
             Y[i, r] = a.sum() - am
 
 # %% ../../nbs/formats/18_quants.ipynb #5eda7004
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_MV_FAST)
 def _mv_q6_k(b, bi, X, Y):
     """Q6_K: byte position `l` of half `h` holds weights `l, l+32, l+64, l+96`; a scale covers 16
     weights, so each half runs as two groups `g` of 16 positions, four scales per group, group `g`

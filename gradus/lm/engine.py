@@ -20,8 +20,9 @@ import numpy as np
 from numba import njit, prange
 from ..transformer.attention import rope_angles
 from .qkernels import (FASTMATH, KIND, SCALE_FIELDS, activation_side, atomic_add,
-                                atomic_load, dequant_row, f32, finite, kernel_chunk,
-                                nonfinite_scale, q5_0_as_q8_0, yield_core)
+                                atomic_load, attention_scores, dequant_row, f32, finite,
+                                kernel_chunk, nonfinite_scale, ordered_sum, q5_0_as_q8_0,
+                                weighted_sum, yield_core)
 from ..core.ops import GELU_A, GELU_C
 from ..formats.quants import BLOCK, GGMLType, dequantize
 from ..errors import ConfigError, FormatError, NonFiniteError
@@ -69,23 +70,31 @@ def _attend_head(q, keys, values, t0, t1, out, s, scale):
     """One query `q` `(D,)` against cached rows `t0 … t1−1` of `keys`, `values` `(n, D)` -> `out`
     `(D,)` (`scaled_dot_product_attention` for one head, its scores times the float32 `scale`:
     1/√D, or a model's own query scale; `s`: scratch scores); returns whether every output is
-    finite."""
+    finite. Where `D` is a multiple of 16 the scores, their sum and the values' weighted sum are
+    25a's IR loops (`attention_scores`, `ordered_sum`, `weighted_sum`), every sum in a fixed
+    order, so a fresh compile and numba's cache of the engine give the same bits."""
     D, m = q.shape[0], -np.inf
-    for t in range(t0, t1):
-        a = f32(0)
-        for j in range(D):
-            a += q[j] * keys[t, j]
-        s[t] = a * scale
-        m = max(m, s[t])
-    z = f32(0)
-    for t in range(t0, t1):
-        s[t] = np.exp(s[t] - m)
-        z += s[t]
-    out[:] = 0
-    for t in range(t0, t1):
-        p = s[t] / z
-        for j in range(D):
-            out[j] += p * values[t, j]
+    if D % 16 == 0:                            # 25a's IR loops: every sum in a fixed order
+        m = attention_scores(q, keys, t0, t1, s, scale)
+        for t in range(t0, t1):
+            s[t] = np.exp(s[t] - m)
+        weighted_sum(values, t0, t1, s, f32(1) / ordered_sum(s, t0, t1), out)
+    else:
+        for t in range(t0, t1):
+            a = f32(0)
+            for j in range(D):
+                a += q[j] * keys[t, j]
+            s[t] = a * scale
+            m = max(m, s[t])
+        z = f32(0)
+        for t in range(t0, t1):
+            s[t] = np.exp(s[t] - m)
+            z += s[t]
+        out[:] = 0
+        for t in range(t0, t1):
+            p = s[t] / z
+            for j in range(D):
+                out[j] += p * values[t, j]
     ok = True
     for j in range(D):
         ok &= finite(out[j])
