@@ -2431,6 +2431,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gradus.lm.engine._embedding': ('lm/engine.html#_embedding', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._finish': ('lm/engine.html#_finish', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._gate': ('lm/engine.html#_gate', 'gradus/lm/engine.py'),
+                                  'gradus.lm.engine._guided': ('lm/engine.html#_guided', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._lora_add': ('lm/engine.html#_lora_add', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._lora_arrays': ('lm/engine.html#_lora_arrays', 'gradus/lm/engine.py'),
                                   'gradus.lm.engine._lora_refusals': ('lm/engine.html#_lora_refusals', 'gradus/lm/engine.py'),

@@ -113,6 +113,21 @@ def _chunk(n):
     return max(_CHUNK, n // _CLAIMS // _CHUNK * _CHUNK)
 
 
+_GUIDED_MAX = 512  # rows: the largest guided claim (a worker's chunk buffer holds it)
+
+
+@njit(inline='always')
+def _guided(sync, st, n, least):
+    """The size of a worker's next claim of stage `st` (`n` rows): a quarter of the rows not yet
+    claimed, in whole `_CHUNK`s, at most `_GUIDED_MAX` and at least `least` (guided scheduling,
+    as OpenMP's `schedule(guided)`): long runs first, which the memory streams well, and short
+    ones at the end, which balance the workers. The rows left are read before the claim, so two
+    workers may size theirs from the same count; the claim itself (`_claim`) still gives each row
+    to exactly one of them."""
+    left = n - atomic_load(sync, 2 * st)
+    return max(least, min(left // 4 // _CHUNK * _CHUNK, _GUIDED_MAX))
+
+
 @njit(inline='always')
 def _claim(sync, st, n):
     "The first of the next `n` unclaimed rows (or heads) of stage `st`; past the end: none left."
@@ -372,17 +387,17 @@ def _gate(g, act):
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
 def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags, why, why_in,
                 lo):
-    """Claim chunks (`_chunk`) of the `n` rows of stage `st` until none is left: `y[r] = (W·x)[r]`
-    (mode 0), `y[r] += (W·x)[r]` (1: a residual add), `y[r] = gate((W·x)[r])·(W2·x)[r]` (2: the
-    gated MLP, `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the block kinds of W and W2. A chunk
-    with a value that is not finite is left unfinished and stops the token (`_stop`) for reason
-    `why` (mode 2: `why` for W's rows, `why + 1` for W2's, `why + 2` for the product); so does a
-    chunk claimed while the worker's input `a` is not finite (`why_in`, else −1). `lo`: the
-    adapters of W and W2 (`_lora_add`; zero-size B: none)."""
+    """Claim chunks (`_guided`, at least `_chunk`) of the `n` rows of stage `st` until none is left:
+    `y[r] = (W·x)[r]` (mode 0), `y[r] += (W·x)[r]` (1: a residual add), `y[r] =
+    gate((W·x)[r])·(W2·x)[r]` (2: the gated MLP, `_gate` number `act`: SwiGLU, GeGLU). `kinds`: the
+    block kinds of W and W2. A chunk with a value that is not finite is left unfinished and stops
+    the token (`_stop`) for reason `why` (mode 2: `why` for W's rows, `why + 1` for W2's, `why + 2`
+    for the product); so does a chunk claimed while the worker's input `a` is not finite (`why_in`,
+    else −1). `lo`: the adapters of W and W2 (`_lora_add`; zero-size B: none)."""
     xv, xa, xd, xs, exact = a
     b, b2, u, scale = lo
-    ch = _chunk(n)
     while not _stopped(sync):
+        ch = _guided(sync, st, n, _chunk(n))
         c0 = _claim(sync, st, ch)
         if c0 >= n: return
         if why_in >= 0:
@@ -412,23 +427,24 @@ def _stage_rows(w, w2, kinds, mode, act, nb, n, a, acc, out, y, sync, st, flags,
 @njit(fastmath=FASTMATH, error_model='numpy', boundscheck=False)
 def _stage_qkv(wq, wk, wv, kinds, nb, a, acc, out, qkv, nq, nk, D, rope, cos, sin, ck, cv, pos,
                sync, st, flags, why, why_in, lo):
-    """Claim chunks of the rows of `[Q; K; V]` (`nq + 2·nk`; `kinds` the three block kinds): each
-    chunk's mat-vec rows, then with `rope` (adjacent pairs, no head norms: Llama) RoPE on its query
-    and key pairs and its key rows stored in the cache at `pos` (else the heads stage does both,
-    `_stage_heads`); its value rows stored in the cache. A chunk with a value
-    that is not finite stops the token for reason `why`, `why + 1` or `why + 2` (its first such
-    row's matrix: Q, K or V), one claimed while the input is not finite for `why_in`. `lo`: the
+    """Claim chunks (`_guided`) of the rows of `[Q; K; V]` (`nq + 2·nk`; `kinds` the three kinds):
+    each chunk's mat-vec rows, then with `rope` (adjacent pairs, no head norms: Llama) RoPE on
+    its query and key pairs and its key rows stored in the cache at `pos` (else the heads stage
+    does both, `_stage_heads`); its value rows stored in the cache. A chunk with a value that is
+    not finite stops the token for reason `why`, `why + 1` or `why + 2` (its first such row's
+    matrix: Q, K or V), one claimed while the input is not finite for `why_in`. `lo`: the
     adapters of Q, K and V (`_lora_add`, before RoPE)."""
     xv, xa, xd, xs, exact = a
     bq, bk, bv, u, scale = lo
     n = nq + 2 * nk
     while not _stopped(sync):
-        c0 = _claim(sync, st, _CHUNK)
+        ch = _guided(sync, st, n, _CHUNK)
+        c0 = _claim(sync, st, ch)
         if c0 >= n: return
         if why_in >= 0:
             _stop(sync, flags, why_in)
             return
-        c1, r = min(c0 + _CHUNK, n), c0
+        c1, r = min(c0 + ch, n), c0
         while r < c1:                               # the chunk's rows of Q, then of K, then V
             w, b, m, base, lim = (wq, bq, 0, 0, nq) if r < nq else (
                 (wk, bk, 1, nq, nq + nk) if r < nq + nk else (wv, bv, 2, nq + nk, n))
@@ -573,7 +589,8 @@ def _worker(i, m, tk, ws, sync, flags, exact):
     xvi, xai, xdi, xsi = xv[i], xa[i], xd[i], xs[i]           # this worker's activation side
     hi, a, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), lu[i]
     acc = np.empty((4, 32), np.float32)  # the numba row kernels' lanes, and the rows of a chunk
-    out = np.empty((2, 4 + _chunk(max(nq + 2 * nk, nff, logits.shape[0]))), np.float32)  # (W,
+    out = np.empty((2, 4 + max(_GUIDED_MAX, _chunk(max(nq + 2 * nk, nff, logits.shape[0])))),
+                   np.float32)  # (W,
     # W2): this worker's own arrays (slices of one shared array scaled to no second thread: see
     # *Two threads*)
     try:
