@@ -264,12 +264,12 @@ def contexts(params, config, llm, tok, rounds, n=32):
     grows with it), both sides alternating, medians of `rounds`."""
     long = np.array((tok.encode(TEXT) * 16)[:1024])
 
-    def gradus_side(prompt, _):
+    def gradus_side(prompt):
         cache = models.new_cache(config, len(prompt) + n + 1)
         step = models.stepper(params, config, cache, False, fused=True)
         return decode_after(lambda t, pos: step(np.asarray(t), pos), prompt, n)
 
-    def llama_side(prompt, _):
+    def llama_side(prompt):
         llm.reset()
 
         def step(t, pos):
@@ -279,10 +279,10 @@ def contexts(params, config, llm, tok, rounds, n=32):
 
     for ctx in (128, 1024):
         g, l = [], []
-        for r in range(rounds):
-            g.append(n / gradus_side(long[:ctx], r))
+        for _ in range(rounds):
+            g.append(n / gradus_side(long[:ctx]))
             if llm:
-                l.append(n / llama_side(long[:ctx], r))
+                l.append(n / llama_side(long[:ctx]))
         line = (f"decode {n} tokens after {ctx:4d} tokens of context: gradus "
                 f"{np.median(g):6.1f} tok/s")
         if l:

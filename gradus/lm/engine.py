@@ -588,11 +588,10 @@ def _worker(i, m, tk, ws, sync, flags, exact):
     res = put if sw else add         # how the output projection and down reach the residual stream
     xvi, xai, xdi, xsi = xv[i], xa[i], xd[i], xs[i]           # this worker's activation side
     hi, a, u = h[i, :dim], (xvi, xai, xdi, xsi, exact), lu[i]
-    acc = np.empty((4, 32), np.float32)  # the numba row kernels' lanes, and the rows of a chunk
+    acc = np.empty((4, 32), np.float32)  # the numba row kernels' lanes (Q5_0, Q5_1)
     out = np.empty((2, 4 + max(_GUIDED_MAX, _chunk(max(nq + 2 * nk, nff, logits.shape[0])))),
-                   np.float32)  # (W,
-    # W2): this worker's own arrays (slices of one shared array scaled to no second thread: see
-    # *Two threads*)
+                   np.float32)  # for W and W2: a four-row call's sums, then a chunk's rows. This
+    # worker's own arrays (slices of one shared array scaled to no second thread: *Two threads*)
     try:
         for l in range(L):
             s, w, f = _STAGES * l, 7 * l, _PER * l

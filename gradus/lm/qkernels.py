@@ -352,17 +352,41 @@ def _ir_ptr(context, builder, aty, a, elem):
     return builder.bitcast(make_array(aty)(context, builder, a).data, elem.as_pointer())
 
 
-def _ir_splat(builder, v):
-    "A float32 scalar broadcast to all 16 lanes."
-    i32 = ir.IntType(32)
-    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), v, i32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+def _ir_splat(builder, v, n=16):
+    "A float32 scalar broadcast to the `n` lanes of a vector."
+    i32, undef = ir.IntType(32), ir.Constant(ir.VectorType(ir.FloatType(), n), ir.Undefined)
+    one = builder.insert_element(undef, v, i32(0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(i32, n), [0] * n))
 
 
 def _ir_half(builder, pw, b):
     "The float16 at byte `b` of the uint8 pointer `pw`, as float32."
     p = builder.bitcast(builder.gep(pw, [b]), ir.IntType(16).as_pointer())
     return builder.fpext(builder.bitcast(builder.load(p, align=1), ir.HalfType()), ir.FloatType())
+
+
+def _ir_prefetch_ahead(builder, pw, o, at, nbytes):
+    """Prefetch `nbytes` of the row group two ahead of rows `o` (byte offsets of four rows; rows
+    r+8 … r+11 start at `o[0] + 8·(o[1] − o[0])`) from its byte `at`: called once a block, at
+    the pace the four rows consume theirs (`llvm.prefetch`: read, keep in all levels, data)."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+        'llvm.prefetch.p0')
+    pf = builder.add(builder.add(o[0], builder.mul(builder.sub(o[1], o[0]), i64(8))), at)
+    for off in range(0, nbytes, 64):
+        builder.call(fn, [builder.gep(pw, [builder.add(pf, i64(off))]), i32(0), i32(3), i32(1)])
+
+
+def _ir_row_sums(builder, lanes, mins, po, fast):
+    "`out[i] = mins[i] + Σ lanes[i]` for the four rows (`llvm.vector.reduce.fadd`, flags `fast`)."
+    V = lanes[0].type.pointee
+    total = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType(), V]),
+        f'llvm.vector.reduce.fadd.v{V.count}f32')
+    for i in range(4):
+        r = builder.call(total, [builder.load(mins[i]), builder.load(lanes[i])], fastmath=fast)
+        builder.store(r, builder.gep(po, [ir.IntType(64)(i)]))
 
 
 def _ir_rows4(context, builder, sig, args, kind):
@@ -383,20 +407,12 @@ def _ir_rows4(context, builder, sig, args, kind):
     fma = lambda a, b, c: builder.fadd(builder.fmul(a, b, flags=fast), c, flags=fast)
     vload = lambda p, n: builder.load(builder.bitcast(p, ir.VectorType(p.type.pointee, n)
                                                       .as_pointer()), align=1)
-    prefetch = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
-        'llvm.prefetch.p0')
     with cgutils.for_range(builder, nb) as loop:
         k = loop.index
         kb, xk = builder.mul(k, i64(ts)), builder.gep(px, [builder.mul(k, i64(32))])
         xlo, xhi = vload(xk, 16), vload(builder.gep(xk, [i64(16)]), 16)    # x[32k:32k+16], +16
         t, u = builder.load(builder.gep(pd, [k])), builder.load(builder.gep(ps, [k]))
-        # the row group two ahead (rows r+8 … r+11), at the pace four rows consume it
-        pf = builder.add(builder.add(o[0], builder.mul(builder.sub(o[1], o[0]), i64(8))),
-                         builder.mul(kb, i64(4)))
-        for off in range(0, 4 * ts, 64):
-            builder.call(prefetch, [builder.gep(pw, [builder.add(pf, i64(off))]),
-                                    i32(0), i32(3), i32(1)])
+        _ir_prefetch_ahead(builder, pw, o, builder.mul(kb, i64(4)), 4 * ts)
         for i in range(4):
             b = builder.add(o[i], kb)                                      # the block's first byte
             e = _ir_half(builder, pw, b)
@@ -419,22 +435,22 @@ def _ir_rows4(context, builder, sig, args, kind):
                 builder.store(fma(m, u, builder.load(mins[i])), mins[i])
             v = fma(lo, xlo, builder.fmul(hi, xhi, flags=fast))
             builder.store(fma(v, s, builder.load(lanes[i])), lanes[i])
-    total = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(f32t, [f32t, _V16]), 'llvm.vector.reduce.fadd.v16f32')
-    for i in range(4):
-        r = builder.call(total, [builder.load(mins[i]), builder.load(lanes[i])], fastmath=fast)
-        builder.store(r, builder.gep(po, [i64(i)]))
+    _ir_row_sums(builder, lanes, mins, po, fast)
     return context.get_dummy_value()
+
+
+def _f32c(*arrays_ndims):
+    "Whether each `(numba type, ndim)` is a C-contiguous float32 array of that many dimensions."
+    return all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == 'C'
+               and a.ndim == n for a, n in arrays_ndims)
 
 
 def _rows4_intrinsic(kind, body=_ir_rows4):
     "An intrinsic `(w, rows' byte offsets, nb, x, xd, xs, out) -> None` whose code is `body`'s."
     @intrinsic
     def rows4(typingctx, w, o, nb, x, xd, xs, out):
-        arrays = (w, x, xd, xs, out)
-        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == 'C'
-                   for a in arrays) or w.dtype != types.uint8 or not all(
-                       a.dtype == types.float32 for a in arrays[1:]):
+        if not (isinstance(w, types.Array) and w.dtype == types.uint8 and w.ndim == 1
+                and w.layout == 'C' and _f32c((x, 1), (xd, 1), (xs, 1), (out, 1))):
             return None
         sig = types.none(w, types.UniTuple(types.uint64, 4), types.int64, x, xd, xs, out)
         return sig, lambda context, builder, sig, args: body(context, builder, sig, args, kind)
@@ -619,23 +635,14 @@ def _ir_kquant_rows4(context, builder, sig, args, kind):
     vx = lambda k, off=0: builder.load(builder.bitcast(
         builder.gep(px, [builder.add(builder.mul(k, i64(32)), i64(off))]), V.as_pointer()),
         align=4)
-    undef = ir.Constant(V, ir.Undefined)
-    splat = lambda v: builder.shuffle_vector(builder.insert_element(undef, v, i32(0)), undef,
-                                             ir.Constant(ir.VectorType(i32, nl), [0] * nl))
+    splat = lambda v: _ir_splat(builder, v, nl)
     vconst = lambda c: ir.Constant(Vi8, [c] * nl)
     tofloat = lambda v: builder.uitofp(v, V)
     lanes = [cgutils.alloca_once_value(builder, ir.Constant(V, [0.0] * nl)) for _ in range(4)]
     mins = [cgutils.alloca_once_value(builder, f32t(0)) for _ in range(4)]
-    prefetch = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
-        'llvm.prefetch.p0')
     with cgutils.for_range(builder, builder.udiv(nb, i64(8))) as loop:
         sb = loop.index
-        pf = builder.add(builder.add(o[0], builder.mul(builder.sub(o[1], o[0]), i64(8))),
-                         builder.mul(sb, i64(4 * ts)))               # the row group two ahead
-        for off in range(0, 4 * ts, 64):
-            builder.call(prefetch, [builder.gep(pw, [builder.add(pf, i64(off))]),
-                                    i32(0), i32(3), i32(1)])
+        _ir_prefetch_ahead(builder, pw, o, builder.mul(sb, i64(4 * ts)), 4 * ts)
         k0 = builder.mul(sb, i64(8))                                # its first activation block
         xdk = [builder.load(builder.gep(pd, [builder.add(k0, i64(j))])) for j in range(8)]
         for i in range(4):
@@ -687,15 +694,13 @@ def _ir_kquant_rows4(context, builder, sig, args, kind):
                             acc = add(acc, mul(mul(v, vx(builder.add(k0, i64(4 * h + t)), l0)),
                                                splat(s)))
             builder.store(acc, lanes[i])
-    total = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(f32t, [f32t, V]), f'llvm.vector.reduce.fadd.v{nl}f32')
-    for i in range(4):
-        r = builder.call(total, [builder.load(mins[i]), builder.load(lanes[i])], fastmath=fast)
-        builder.store(r, builder.gep(po, [i64(i)]))
+    _ir_row_sums(builder, lanes, mins, po, fast)
     return context.get_dummy_value()
 
 
 _q4k_rows_ir, _q6k_rows_ir = (_rows4_intrinsic(k, _ir_kquant_rows4) for k in (_Q4_K, _Q6_K))
+_BLOCK_BYTES = (18, 20, 34, 22, 24, 144, 210)  # a block's bytes, by kind (`KIND`'s order)
+_BLOCK_32S = (1, 1, 1, 1, 1, 8, 8)             # the activation blocks of 32 it spans
 
 
 @njit(inline='always', fastmath=FASTMATH, boundscheck=False)
@@ -708,15 +713,15 @@ def kernel_chunk(w, kind, r0, r1, nb, xv, xa, xd, xs, exact, acc, out, y):
     (`kernel_rows` inlined with every kind) made SmolLM2's head take 2.2 ms on one thread against
     1.3 ms with this loop (2026-12-04, load 0.5). `out`: at least 4 floats."""
     if kind != _Q5_0 and kind != _Q5_1:                     # an IR kernel: one loop a kind
-        rb = _U(nb * 34 if kind == _Q8_0 else (nb * 18 if kind == _Q4_0 else (
-            nb * 20 if kind == _Q4_1 else nb // 8 * (144 if kind == _Q4_K else 210))))
+        rb = _U(nb // _BLOCK_32S[kind] * _BLOCK_BYTES[kind])            # bytes a row
         for r in range(r0, r1, 4):
             nr = min(4, r1 - r)
-            if kind == _Q8_0: _q8_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
-            elif kind == _Q4_0: _q4_0_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
-            elif kind == _Q4_1: _q4_1_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
-            elif kind == _Q4_K: _q4k_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
-            else: _q6k_rows_ir(w, _rows_at(r, nr, rb), nb, xv, xd, xs, out)
+            o = _rows_at(r, nr, rb)
+            if kind == _Q8_0: _q8_rows_ir(w, o, nb, xv, xd, xs, out)
+            elif kind == _Q4_0: _q4_0_rows_ir(w, o, nb, xv, xd, xs, out)
+            elif kind == _Q4_1: _q4_1_rows_ir(w, o, nb, xv, xd, xs, out)
+            elif kind == _Q4_K: _q4k_rows_ir(w, o, nb, xv, xd, xs, out)
+            else: _q6k_rows_ir(w, o, nb, xv, xd, xs, out)
             for i in range(nr): y[r - r0 + i] = out[i]
         return
     for r in range(r0, r1, 4):
@@ -741,7 +746,7 @@ def _ir_attend(context, builder, sig, args, part):
     additions (no fast-math reassociation: the same bits from a fresh compile and numba's cache):
     `part` 0, the scores `s[t] = (q · keys[t])·scale`, returning their maximum; 1, `Σ s[t]`; 2,
     `out = Σ_t (s[t]·c)·values[t]`. Lanes of 16 in registers; `D` a multiple of 16."""
-    i64, i32, f32t = ir.IntType(64), ir.IntType(32), ir.FloatType()
+    i64, f32t = ir.IntType(64), ir.FloatType()
     V = ir.VectorType(f32t, 16)
     ptr = lambda k: _ir_ptr(context, builder, sig.args[k], args[k], f32t)
     vload = lambda p: builder.load(builder.bitcast(p, V.as_pointer()), align=4)
@@ -787,22 +792,13 @@ def _ir_attend(context, builder, sig, args, part):
         with cgutils.for_range(builder, builder.sub(t1, t0)) as loop:
             t = builder.add(t0, loop.index)
             p = builder.fmul(builder.load(builder.gep(s, [t])), c)
-            pv = builder.shuffle_vector(builder.insert_element(ir.Constant(V, ir.Undefined), p,
-                                                               i32(0)),
-                                        ir.Constant(V, ir.Undefined),
-                                        ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+            pv = _ir_splat(builder, p)
             row = builder.gep(values, [builder.add(builder.mul(t, D), j)])
             builder.store(builder.fadd(builder.fmul(pv, vload(row), flags=flags),
                                        builder.load(acc), flags=flags), acc)
         builder.store(builder.load(acc), builder.bitcast(builder.gep(out, [j]), V.as_pointer()),
                       align=4)
     return context.get_dummy_value()
-
-
-def _f32c(*arrays_ndims):
-    "Whether each `(numba type, ndim)` is a C-contiguous float32 array of that many dimensions."
-    return all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == 'C'
-               and a.ndim == n for a, n in arrays_ndims)
 
 
 @intrinsic
