@@ -80,6 +80,8 @@ CASES = {
     'gelu_exact_tail': (lambda a: ops.gelu(a, approximate=False),
                         (np.array([-9.0, -6.0, -4.0, 5]),)),
     'gelu_tanh_composite': (ops.gelu_tanh_reference, (r(6) * 3,)),
+    'silu': (ops.silu, (r(6) * 3,)),
+    'silu_tails': (ops.silu, (np.array([-30.0, -12.0, 12.0, 30.0]),)),
 }
 
 
@@ -92,7 +94,7 @@ def test_first_order(name):
 SECOND = ['multiply', 'divide', 'power_both', 'exp', 'log', 'tanh', 'sqrt', 'erf', 'erfc', 'sin',
           'matmul_batch_bcast', 'max_axis', 'take_repeated', 'getitem_basic', 'softmax',
           'logsumexp', 'gelu_tanh', 'var', 'where', 'concatenate', 'broadcast_to', 'sigmoid',
-          'log_softmax_ties', 'gelu_exact', 'gelu_tanh_tail']
+          'log_softmax_ties', 'gelu_exact', 'gelu_tanh_tail', 'silu', 'silu_tails']
 
 
 @pytest.mark.parametrize('name', SECOND)
@@ -190,7 +192,7 @@ def test_check_grads_catches_a_wrong_rule():
 
 @pytest.mark.parametrize('op', [T.sqrt, ops.erf, ops.erfc, T.exp, T.tanh, ops.sigmoid, ops.gelu,
                                 lambda x: ops.gelu(x, approximate=False),
-                                ops.softplus, lambda x: T.maximum(x, x), ops.log_softmax,
+                                ops.softplus, lambda x: T.maximum(x, x), ops.log_softmax, ops.silu,
                                 ops.softmax])
 def test_bfloat16_stays_bfloat16(op):
     "numpy with ml_dtypes turns bfloat16 * python float into float32; values and gradients may not."

@@ -235,3 +235,17 @@ def test_gelu_passes_equal_the_numpy_steps_bit_for_bit(dtype):
         assert np.array_equal(ops._gelu_grad_impl(xd), ops._gelu_grad_numpy(xd))
         assert ops._gelu_impl(xd).shape == xd.shape and ops._gelu_impl(xd).dtype == dtype
     assert np.isnan(ops._gelu_impl(np.array([np.nan], dtype))[0])
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_silu_pass_equals_the_composite_bit_for_bit(dtype):
+    "numpy's exp, one numba pass: the bits of `x * sigmoid(x)` eagerly, and of silu's numpy steps."
+    x = np.concatenate([rng.standard_normal(989) * 8, [0.0, -0.0, 88.0, -88.0, 1e30, -1e30,
+                                                        745.0, -745.0, np.inf, 1e-40, -1e-40]])
+    for xd in (x.astype(dtype).reshape(25, 40), x.astype(dtype).reshape(40, 25).T):
+        with np.errstate(invalid='ignore'):
+            assert np.array_equal(ops._silu_impl(xd), xd * ops.sigmoid(xd))
+            assert np.array_equal(ops._silu_grad_impl(xd), ops._silu_grad_numpy(xd), equal_nan=True)
+        assert ops.silu(xd).shape == xd.shape and ops.silu(xd).dtype == dtype
+    assert np.isnan(ops._silu_impl(np.array([np.nan], dtype))[0])
+    assert ops._silu_impl(np.array([-np.inf], dtype)).tolist() != [0.0]   # -inf · 0: NaN, as x·σ(x)

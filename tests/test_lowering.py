@@ -85,6 +85,8 @@ CASES = [
     ('concatenate', lambda a, b: ops.concatenate([a, b], axis=1), (f32(2, 3), f32(2, 1))),
     ('gelu_tanh', ops.gelu, (f32(6),)),
     ('gelu_grad', gd.grad(lambda a: T.sum(ops.gelu(a))), (f32(6),)),
+    ('silu', ops.silu, (f32(6),)),
+    ('silu_grad', gd.grad(lambda a: T.sum(ops.silu(a))), (f32(6),)),
     ('custom_vjp_call', gd.grad(lambda a: T.sum(_clipped_identity(a) * a)), (f32(6),)),
     # the hand-written kernels of nn and attention (they live in their layers, not ops.PRIMITIVES)
     ('norm_rows', lambda a: nn.layer_norm({'scale': fl32(1, 2, 3, 4)}, a), (f32(3, 4),)),

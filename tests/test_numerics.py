@@ -233,7 +233,7 @@ BAD_BIND = {
 # reduction/movement whose parameters the op validates before binding: covered by BAD above)
 NOTHING_TO_REFUSE = {'negative', 'exp', 'log', 'log1p', 'sin', 'cos', 'tanh', 'sqrt', 'absolute',
                      'erf', 'erfc', 'sign', 'isfinite', 'stop_gradient', 'index_put', 'scatter_add',
-                     'gelu_tanh', 'gelu_grad'}
+                     'gelu_tanh', 'gelu_grad', 'silu', 'silu_grad'}
 
 
 def error_of(f, *args):

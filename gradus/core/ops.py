@@ -7,9 +7,9 @@ same errors eagerly and traced, the dot-product test of every VJP rule); composi
 
 # %% auto #0
 __all__ = ['getitem_p', 'index_put_p', 'take_p', 'scatter_add_p', 'concatenate_p', 'erf_p', 'erfc_p', 'PRIMITIVES', 'GELU_C',
-           'GELU_A', 'GELU_CLIP', 'gelu_grad_p', 'gelu_tanh_p', 'take', 'getitem', 'concatenate', 'stack', 'erf',
-           'erfc', 'check_rule', 'mean', 'var', 'logsumexp', 'log_softmax', 'softmax', 'relu', 'sigmoid', 'softplus',
-           'gelu_tanh_reference', 'gelu']
+           'GELU_A', 'GELU_CLIP', 'gelu_grad_p', 'gelu_tanh_p', 'silu_grad_p', 'silu_p', 'take', 'getitem',
+           'concatenate', 'stack', 'erf', 'erfc', 'check_rule', 'mean', 'var', 'logsumexp', 'log_softmax', 'softmax',
+           'relu', 'sigmoid', 'softplus', 'gelu_tanh_reference', 'gelu', 'silu']
 
 # %% ../../nbs/core/03_ops.ipynb #1ae639a9
 import builtins, math
@@ -393,3 +393,64 @@ gelu_grad_p = Primitive('gelu_grad', _gelu_grad_impl, same_aval,
 gelu_tanh_p = Primitive('gelu_tanh', _gelu_impl, same_aval,
                          lambda ct, out, x: (ct * gelu_grad_p.bind(x),))
 PRIMITIVES += [gelu_tanh_p, gelu_grad_p]
+
+# %% ../../nbs/core/03_ops.ipynb #silu1ex
+def _silu_exp(x):
+    "`(flat x, t, flat exp(−|x|))` of a float32/float64 array (numpy's `exp`, as the sigmoid's)."
+    t, flat = x.dtype.type, np.ascontiguousarray(x).reshape(-1)
+    e = np.negative(np.abs(flat))
+    np.exp(e, out=e)
+    return flat, t, e
+
+@njit(cache=True, nogil=True, error_model='numpy')
+def _silu_finish(x, e, one):
+    "In place, `e = exp(−|x|)` becomes `x · sigmoid(x)`, the sigmoid as `ops.sigmoid` computes it."
+    for i in range(x.size):
+        r = one / (e[i] + one)
+        e[i] = x[i] * (e[i] * r if x[i] < 0 else r)
+
+@njit(cache=True, nogil=True, error_model='numpy')
+def _silu_grad_finish(x, e, one):
+    "In place, `e = exp(−|x|)` becomes `silu'(x) = s·(1 + x(1 − s))`, `s = sigmoid(x)`."
+    for i in range(x.size):
+        r = one / (e[i] + one)
+        s = e[i] * r if x[i] < 0 else r
+        e[i] = s * (one + x[i] * (one - s))
+
+def _silu_impl(x):
+    "`x · sigmoid(x)` in two passes (numpy's `exp`, numba)."
+    flat, t, e = _silu_exp(x)
+    _silu_finish(flat, e, t(1))
+    return e.reshape(x.shape)
+
+def _silu_grad_impl(x):
+    "silu'(x) in two passes (numpy's `exp`, numba)."
+    flat, t, e = _silu_exp(x)
+    _silu_grad_finish(flat, e, t(1))
+    return e.reshape(x.shape)
+
+def _silu_grad_numpy(x):
+    "silu'(x) in numpy steps, the operations of `_silu_grad_finish` in its order (the reference)."
+    e = np.exp(-np.abs(x))
+    r = 1 / (e + 1)
+    s = np.where(x < 0, e * r, r)
+    return s * (1 + x * (1 - s))
+
+def _silu_second(x):
+    "silu''(x) with ops: `s(1 − s)(2 + x(1 − 2s))`, `s(1 − s)` as `s · sigmoid(−x)` (both tails)."
+    s = sigmoid(x)
+    return s * sigmoid(negative(x)) * (multiply(x, 1 - multiply(s, 2.0)) + 2.0)
+
+silu_grad_p = Primitive('silu_grad', _silu_grad_impl, same_aval,
+                        lambda ct, out, x: (ct * _silu_second(x),))
+silu_p = Primitive('silu', _silu_impl, same_aval, lambda ct, out, x: (ct * silu_grad_p.bind(x),))
+PRIMITIVES += [silu_p, silu_grad_p]
+
+def silu(x):
+    """SiLU (swish), `x · sigmoid(x)` (Elfwing et al. 2018), the gate of SwiGLU (Shazeer 2020):
+    float32/float64 as the fused primitive `silu_p` (its backward keeps only `x`; the forward is
+    the composite's bits), other float dtypes as the composite. Same shape and dtype as `x`."""
+    x = float_operand(x)
+    if x.dtype in (D.float32, D.float64): return silu_p.bind(x)
+    return x * sigmoid(x)
+

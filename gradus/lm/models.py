@@ -378,7 +378,7 @@ def _attention(lp, h, c, pos, layer, cache):
 
 # %% ../../nbs/lm/24_models.ipynb #llama017
 GATES = {  # the gated MLP's gate: SwiGLU's, GeGLU's (tanh GELU), and exact-GELU's
-    'silu': lambda g: g * nn.sigmoid(g),
+    'silu': nn.silu,                      # g · sigmoid(g), fused (03_ops)
     'gelu_tanh': nn.gelu,
     'gelu': lambda g: nn.gelu(g, approximate=False),
 }

@@ -304,7 +304,7 @@ def activation_bytes(config, seq_len, batch_size=1, rank=8) -> int:
     """Bytes of the activations (the residuals the backward reads) of a loss over `batch_size`
     sequences of `seq_len` tokens through `models.forward` of a Llama-family `config`
     (`models.DecoderConfig`), with rank-`rank` adapters on all seven linear layers of every block:
-    `B·(L·(4T(4d + 2q + 2kv + 8f + 7r) + Tf + 4HT²) + 4TV)` (the table of 31_qlinear). The graph
+    `B·(L·(4T(4d + 2q + 2kv + 4f + 7r) + 4HT²) + 4TV)` (the table of 31_qlinear). The graph
     before the fusion pass; the frozen weights are not counted. Raises `ConfigError` for a config
     with an option of another family (its blocks keep other values)."""
     other = {k: v for k, v in (('qk_norm', config.qk_norm), ('sandwich_norms',
@@ -313,5 +313,5 @@ def activation_bytes(config, seq_len, batch_size=1, rank=8) -> int:
     if other: raise ConfigError(f"activation_bytes counts Llama's blocks, not {other}")
     T_, d, f, H = seq_len, config.dim, config.ffn_dim, config.n_heads
     q, kv = H * config.head_dim, config.n_kv_heads * config.head_dim
-    layer = 4 * T_ * (4 * d + 2 * q + 2 * kv + 8 * f + 7 * rank) + T_ * f + 4 * H * T_ * T_
+    layer = 4 * T_ * (4 * d + 2 * q + 2 * kv + 4 * f + 7 * rank) + 4 * H * T_ * T_
     return batch_size * (config.n_layers * layer + 4 * T_ * config.vocab_size)

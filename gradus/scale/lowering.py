@@ -93,7 +93,13 @@ def _gelu_grad(x):
     t = jnp.tanh(_GELU_C * (x + _GELU_A * x * x * x))
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x)
 
-RULES.update(gelu_tanh=_gelu_tanh, gelu_grad=_gelu_grad)
+def _silu_grad(x):
+    "d/dx of x·sigmoid(x): s(1 + x(1 − s)), s = sigmoid(x)."
+    s = jax.nn.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+RULES.update(gelu_tanh=_gelu_tanh, gelu_grad=_gelu_grad, silu=lambda x: x * jax.nn.sigmoid(x),
+             silu_grad=_silu_grad)
 
 # %% ../../nbs/scale/28_lowering.ipynb #lowk1rules
 def _norm_rows(x, eps, center):
